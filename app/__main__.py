@@ -1,0 +1,223 @@
+"""The `switchyard` command line: gui (default), serve, ls, ps, version.
+
+The GUI is imported lazily, so every headless command runs without Qt installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.core.errors import ServerNotRunningError, SwitchyardError
+from app.core.paths import Paths
+from app.core.settings import DEFAULT_PORT, FLASH_ATTN, KV_TYPES, RUNTIMES, Settings, load_settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="switchyard", description="Local AI models behind one OpenAI-compatible endpoint."
+    )
+    ap.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    sub = ap.add_subparsers(dest="command")
+
+    s = sub.add_parser("serve", help="run the server headless (no window)")
+    s.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
+    _models_dir_arg(s)
+    s.add_argument(
+        "--max-loaded", type=int, dest="max_loaded_lanes", help="generation lanes loaded at once (default 1)"
+    )
+    s.add_argument(
+        "--ttl",
+        type=float,
+        dest="idle_ttl_s",
+        help="seconds idle before a lane is unloaded (default 900; 0 never)",
+    )
+    s.add_argument("--ctx-size", type=int, help="total context per lane (0: automatic)")
+    s.add_argument("--parallel", type=int, help="parallel slots per lane (default 4)")
+    s.add_argument("--threads", type=int, help="CPU threads per lane (0: the cores this process may use)")
+    s.add_argument("--kv-type", choices=KV_TYPES, help="KV cache type (default f16)")
+    s.add_argument("--flash-attn", choices=FLASH_ATTN, help="flash attention (default auto)")
+    s.add_argument("--gpu-layers", type=int, help="layers on the GPU (-1: automatic)")
+    s.add_argument(
+        "--runtime", choices=RUNTIMES, help="llama.cpp runtime (default auto: xllamacpp, then llama-server)"
+    )
+    s.add_argument("--llama-server", dest="llama_server_path", help="path of a llama-server binary")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    ls = sub.add_parser("ls", help="list the models in the library")
+    _models_dir_arg(ls)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+
+    ps = sub.add_parser("ps", help="show the lanes of the running server")
+    ps.add_argument("--url", help="server address (default: the one the running server recorded)")
+    ps.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub.add_parser("version", help="print the version")
+    sub.add_parser("gui", help="open the desktop window (default)")
+    return ap
+
+
+def _models_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models-dir",
+        action="append",
+        type=Path,
+        dest="models_dirs",
+        metavar="DIR",
+        help="folder of models (repeatable; default $SWITCHYARD_HOME/models)",
+    )
+
+
+def _settings(args: argparse.Namespace, paths: Paths) -> Settings:
+    base = load_settings(paths.settings_file)
+    keys = (
+        "host",
+        "port",
+        "max_loaded_lanes",
+        "idle_ttl_s",
+        "ctx_size",
+        "parallel",
+        "threads",
+        "kv_type",
+        "flash_attn",
+        "gpu_layers",
+        "runtime",
+        "llama_server_path",
+    )
+    changes: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
+    if getattr(args, "models_dirs", None):
+        changes["models_dirs"] = tuple(p.expanduser().resolve() for p in args.models_dirs)
+    return base.with_changes(**changes)
+
+
+def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
+    from app.server.app import serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = _settings(args, paths)
+    asyncio.run(serve(settings, paths))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, paths: Paths) -> int:
+    from app.library.catalog import Catalog
+
+    settings = _settings(args, paths)
+    dirs = settings.models_dirs or (paths.models,)
+    entries = Catalog(dirs).scan()
+    if args.json:
+        print(json.dumps({"dirs": [str(d) for d in dirs], "models": [e.public() for e in entries]}, indent=2))
+        return 0
+    if not entries:
+        print(f"no models in {', '.join(map(str, dirs))} — put .gguf files there")
+        return 0
+    rows = [("ID", "KIND", "ARCH", "CTX", "SIZE", "STATUS")]
+    for e in entries:
+        f = e.facts
+        size = f"{e.path.stat().st_size / 2**20:.1f} MiB" if e.path.exists() else "-"
+        rows.append(
+            (
+                e.id,
+                e.kind,
+                f.architecture if f else "-",
+                str(f.context_length if f else "-"),
+                size,
+                "ok" if e.ok else f"broken: {e.problem}",
+            )
+        )
+    _table(rows)
+    return 0
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+
+
+def _server_url(args: argparse.Namespace, paths: Paths) -> str:
+    if args.url:
+        return str(args.url).rstrip("/")
+    try:
+        return str(json.loads(paths.server_file.read_text())["url"])
+    except (OSError, ValueError, KeyError):
+        settings = load_settings(paths.settings_file)
+        return f"http://{settings.host}:{settings.port}"
+
+
+def cmd_ps(args: argparse.Namespace, paths: Paths) -> int:
+    url = _server_url(args, paths)
+    try:
+        with urllib.request.urlopen(url + "/api/lanes", timeout=5) as r:
+            lanes = json.loads(r.read())["lanes"]
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerNotRunningError(
+            f"no Switchyard server answers at {url} ({exc}); start one with `switchyard serve`"
+        ) from exc
+    if args.json:
+        print(json.dumps({"url": url, "lanes": lanes}, indent=2))
+        return 0
+    if not lanes:
+        print(f"server at {url}: no lanes yet (a lane starts when a request names its model)")
+        return 0
+    rows = [("MODEL", "STATE", "PID", "PORT", "IN-FLIGHT", "ERROR")]
+    for ln in lanes:
+        rows.append(
+            (
+                ln["model"],
+                ln["state"],
+                str(ln["pid"] or "-"),
+                str(ln["port"] or "-"),
+                str(ln["in_flight"]),
+                (ln["error"] or "")[:120],
+            )
+        )
+    _table(rows)
+    return 0
+
+
+def cmd_gui(args: argparse.Namespace, paths: Paths) -> int:
+    try:
+        from app.ui.main import run_gui  # type: ignore[import-not-found]
+    except ImportError:
+        print(
+            "the desktop window is not available in this build; running headless: `switchyard serve`",
+            file=sys.stderr,
+        )
+        ns = _parser().parse_args(["serve"])
+        return cmd_serve(ns, paths)
+    return int(run_gui(paths))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    paths = Paths.from_env()
+    commands = {"serve": cmd_serve, "ls": cmd_ls, "ps": cmd_ps, "gui": cmd_gui, None: cmd_gui}
+    try:
+        if args.command == "version":
+            print(f"switchyard {__version__}")
+            return 0
+        return commands[args.command](args, paths)
+    except SwitchyardError as exc:
+        print(f"switchyard: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

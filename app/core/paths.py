@@ -1,0 +1,54 @@
+"""Where Switchyard writes. `SWITCHYARD_HOME` overrides the platform directory for everything."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _platform_home() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "Switchyard"
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "Switchyard"
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "switchyard"
+
+
+@dataclass(frozen=True)
+class Paths:
+    home: Path
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Paths:
+        env = dict(os.environ) if env is None else env
+        override = env.get("SWITCHYARD_HOME")
+        return cls(home=Path(override).expanduser().resolve() if override else _platform_home())
+
+    @property
+    def models(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def lane_logs(self) -> Path:
+        return self.logs / "lanes"
+
+    @property
+    def settings_file(self) -> Path:
+        return self.home / "settings.json"
+
+    @property
+    def server_file(self) -> Path:
+        """Written by a running `serve` so `switchyard ps` can find it."""
+        return self.home / "server.json"
+
+    def ensure(self) -> None:
+        for p in (self.home, self.models, self.lane_logs):
+            p.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,134 @@
+"""Settings: defaults, then `settings.json` in SWITCHYARD_HOME, then command-line overrides.
+
+A malformed file is reported with its path and the parser's position, and is never rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import SettingsError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8686
+KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+FLASH_ATTN = ("auto", "on", "off")
+RUNTIMES = ("auto", "xllamacpp", "llama-server")
+OVERRIDE_KEYS = ("ttl_s", "ctx_size", "parallel", "kv_type", "gpu_layers", "flash_attn")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    models_dirs: tuple[Path, ...] = ()
+    max_loaded_lanes: int = 1
+    max_embedding_lanes: int = 1
+    idle_ttl_s: float = 900.0
+    ctx_size: int = 0
+    parallel: int = 4
+    threads: int = 0
+    kv_type: str = "f16"
+    flash_attn: str = "auto"
+    gpu_layers: int = -1
+    runtime: str = "auto"
+    llama_server_path: str | None = None
+    start_stall_s: float = 60.0
+    start_max_s: float = 600.0
+    stop_grace_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    log_ring_lines: int = 2000
+    model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port {self.port} is out of range; use 1-65535 (or 0 for any free port)")
+        if self.kv_type not in KV_TYPES:
+            raise SettingsError(f"kv_type {self.kv_type!r} is unknown; use one of {', '.join(KV_TYPES)}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise SettingsError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
+        if self.runtime not in RUNTIMES:
+            raise SettingsError(f"runtime must be one of {', '.join(RUNTIMES)}")
+        for name in ("max_loaded_lanes", "max_embedding_lanes", "parallel"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be at least 1")
+        for name in ("ctx_size", "threads"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be 0 (automatic) or a positive number")
+        for model, over in self.model_overrides.items():
+            bad = sorted(set(over) - set(OVERRIDE_KEYS))
+            if bad:
+                raise SettingsError(
+                    f"model_overrides[{model!r}] has unknown keys {bad}; allowed: {', '.join(OVERRIDE_KEYS)}"
+                )
+
+    def ttl_for(self, model_id: str) -> float:
+        return float(self.model_overrides.get(model_id, {}).get("ttl_s", self.idle_ttl_s))
+
+    def override(self, model_id: str, key: str, default: Any) -> Any:
+        return self.model_overrides.get(model_id, {}).get(key, default)
+
+    def with_changes(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def public(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["models_dirs"] = [str(p) for p in self.models_dirs]
+        return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def load_settings(path: Path) -> Settings:
+    """Read `path` if it exists; unknown keys and wrong types are errors that name the key."""
+    if not path.exists():
+        return Settings()
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SettingsError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "fix or remove the file — it was left untouched"
+        ) from exc
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path} must hold a JSON object of settings")
+    return settings_from_mapping(raw, origin=str(path))
+
+
+def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> Settings:
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _FIELDS:
+            raise SettingsError(f"{origin}: unknown setting {key!r}; known: {', '.join(sorted(_FIELDS))}")
+        default = _FIELDS[key].default
+        if key == "models_dirs":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(f"{origin}: models_dirs must be a list of paths")
+            values[key] = tuple(Path(v).expanduser() for v in value)
+        elif key == "model_overrides":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise SettingsError(f"{origin}: model_overrides must map model ids to objects")
+            values[key] = value
+        elif key == "llama_server_path":
+            if value is not None and not isinstance(value, str):
+                raise SettingsError(f"{origin}: llama_server_path must be a path or null")
+            values[key] = value
+        else:
+            expected = type(default)
+            ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value, ok = float(value), True
+            if not ok:
+                raise SettingsError(
+                    f"{origin}: {key} must be {expected.__name__}, got {type(value).__name__}"
+                )
+            values[key] = value
+    return Settings(**values)

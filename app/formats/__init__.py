@@ -1,0 +1,1 @@
+"""Reading model files without loading them."""

@@ -1,0 +1,1 @@
+"""Engine lanes: how each engine is started, the lane state machine, and the supervisor."""

@@ -1,0 +1,299 @@
+"""A lane: one model on one engine, as a state machine owned by a single asyncio task.
+
+States: stopped -> starting -> ready -> stopping -> stopped, and failed (from starting or
+ready). Only the owner task (`_run`) assigns `state`; every change is published once as a
+`lane.state` event. Callers ask `ensure_ready()` and `stop()`; the owner decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+
+from app.core.errors import EngineCrashedError, EngineStartError, SwitchyardError
+from app.core.events import EventBus
+from app.core.settings import Settings
+from app.lanes.llamacpp import LaunchPlan
+from app.lanes.proc import EngineProcess, LogRing
+
+
+class LaneState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+def lane_slug(model_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id)
+
+
+class Lane:
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        kind: str,
+        plan_factory: Callable[[], LaunchPlan],
+        settings: Settings,
+        bus: EventBus,
+        ring: LogRing,
+        http: aiohttp.ClientSession,
+    ) -> None:
+        self.id = model_id
+        self.model_id = model_id
+        self.kind = kind
+        self._plan_factory = plan_factory
+        self.settings = settings
+        self.bus = bus
+        self.ring = ring
+        self._http = http
+        self.state = LaneState.STOPPED
+        self.error: str | None = None
+        self.proc: EngineProcess | None = None
+        self.plan: LaunchPlan | None = None
+        self.port: int | None = None
+        self.started_at: float | None = None
+        self.last_used: float | None = None
+        self.in_flight = 0
+        self.restarts = 0
+        self.draining = False
+        self._stop_requested = False
+        self._startup: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._owner = asyncio.create_task(self._run(), name=f"lane:{model_id}")
+
+    # ---- public surface (callers ask; the owner decides) -------------------------------------
+    @property
+    def available(self) -> bool:
+        """Ready and taking new requests (not draining for a swap, no stop pending)."""
+        return self.state is LaneState.READY and not self.draining and not self._stop_requested
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def ensure_ready(self) -> None:
+        if self.available:
+            return
+        if self._startup is None or self._startup.done():
+            self._startup = asyncio.get_running_loop().create_future()
+            self._inbox.put_nowait(("start", self._startup))
+        await asyncio.shield(self._startup)
+
+    async def stop(self, *, reason: str = "requested") -> None:
+        self._stop_requested = True
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(("stop", (done, reason)))
+        await asyncio.shield(done)
+
+    async def close(self) -> None:
+        """Stop the engine and end the owner task (used at shutdown)."""
+        await self.stop(reason="shutdown")
+        self._inbox.put_nowait(("close", None))
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._owner
+        self.ring.close()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model_id,
+            "kind": self.kind,
+            "engine": "llama.cpp",
+            "runtime": self.plan.runtime if self.plan else None,
+            "state": str(self.state),
+            "pid": self.proc.pid if self.proc and self.state is not LaneState.STOPPED else None,
+            "port": self.port,
+            "started_at": self.started_at,
+            "last_used": self.last_used,
+            "in_flight": self.in_flight,
+            "restarts": self.restarts,
+            "error": self.error,
+            "params": self.plan.public()["params"] if self.plan else None,
+        }
+
+    # ---- the owner task ------------------------------------------------------------------------
+    def _set(self, state: LaneState, *, reason: str | None = None) -> None:
+        if state is self.state:
+            return
+        previous, self.state = self.state, state
+        self.bus.publish(
+            "lane.state",
+            lane=self.id,
+            model=self.model_id,
+            state=str(state),
+            previous=str(previous),
+            reason=reason,
+            pid=self.proc.pid if self.proc else None,
+        )
+
+    async def _run(self) -> None:
+        while True:
+            op, arg = await self._inbox.get()
+            if op == "close":
+                return
+            try:
+                if op == "start":
+                    await self._handle_start(arg)
+                elif op == "stop":
+                    fut, reason = arg
+                    await self._handle_stop(reason)
+                    self._stop_requested = False
+                    if not fut.done():
+                        fut.set_result(None)
+                elif op == "exited":
+                    self._handle_exit(*arg)
+            except Exception as exc:  # the owner must survive anything; the lane records it
+                self.error = f"internal error in lane owner: {exc!r}"
+                self._set(LaneState.FAILED, reason=self.error)
+
+    async def _handle_start(self, fut: asyncio.Future[None]) -> None:
+        if self.state is LaneState.READY:
+            if not fut.done():
+                fut.set_result(None)
+            return
+        try:
+            await self._start()
+        except SwitchyardError as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: waiters may have gone away
+        else:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _start(self) -> None:
+        was_failed = self.state is LaneState.FAILED
+        self.error = None
+        self.port = None
+        self._set(LaneState.STARTING)
+        if was_failed:
+            self.restarts += 1
+        try:
+            self.plan = self._plan_factory()
+        except SwitchyardError as exc:
+            self._fail(exc.message)
+            raise EngineStartError(f"cannot start {self.model_id!r}: {exc.message}") from exc
+        self.ring.add(f"--- switchyard: starting {self.model_id} with {self.plan.runtime} at {time.ctime()}")
+        self.port = self.plan.port
+
+        def on_port(port: int) -> None:
+            self.port = port
+
+        try:
+            self.proc = await EngineProcess.spawn(
+                self.plan.argv, env=self.plan.env, ring=self.ring, on_port=on_port
+            )
+        except OSError as exc:
+            msg = f"could not launch {self.plan.argv[0]}: {exc}"
+            self._fail(msg)
+            raise EngineStartError(f"engine for {self.model_id!r} failed to start: {msg}") from exc
+        await self._await_ready(self.proc)
+        self.started_at = time.time()
+        self.last_used = time.time()
+        proc = self.proc
+        self._watcher = asyncio.create_task(self._watch_exit(proc))
+        self._set(LaneState.READY)
+
+    async def _await_ready(self, proc: EngineProcess) -> None:
+        """Poll the health route until 200; the stall deadline moves while the engine shows progress."""
+        plan = self.plan
+        assert plan is not None
+        t0 = time.monotonic()
+        deadline = t0 + self.settings.start_stall_s
+        last_seen = proc.ring.last_output
+        while True:
+            if proc.proc.returncode is not None:
+                await proc.drain_output()
+                self._fail_exited(proc, during="start")
+            if self._stop_requested:
+                await proc.terminate(grace=self.settings.stop_grace_s)
+                self._set(LaneState.STOPPED, reason="stopped while starting")
+                raise EngineStartError(f"start of {self.model_id!r} was cancelled by a stop request")
+            now = time.monotonic()
+            if proc.ring.last_output != last_seen:
+                last_seen = proc.ring.last_output
+                deadline = max(deadline, now + self.settings.start_stall_s)
+            if now > deadline or now - t0 > self.settings.start_max_s:
+                await proc.terminate(grace=self.settings.stop_grace_s)
+                waited = now - t0
+                self._fail(f"engine did not become ready within {waited:.0f} s (no progress)")
+                raise EngineStartError(
+                    self._with_tail(
+                        f"engine for {self.model_id!r} did not become ready "
+                        f"within {waited:.0f} s; raise start_stall_s if it loads slowly"
+                    )
+                )
+            if self.port is not None:
+                try:
+                    async with self._http.get(
+                        self.base_url + plan.health_path, timeout=aiohttp.ClientTimeout(total=2)
+                    ) as r:
+                        if r.status == 200:
+                            return
+                        if r.status == 503:  # still loading: that is progress
+                            deadline = max(deadline, now + self.settings.start_stall_s)
+                except (TimeoutError, aiohttp.ClientError):
+                    pass
+            await asyncio.sleep(0.02 if now - t0 < 1 else 0.1)
+
+    def _with_tail(self, msg: str) -> str:
+        tail = [ln for ln in self.ring.tail(12) if not ln.startswith("--- switchyard")]
+        return msg + ("; engine log: " + " | ".join(tail) if tail else "")
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason
+        self._set(LaneState.FAILED, reason=reason)
+
+    def _fail_exited(self, proc: EngineProcess, *, during: str) -> None:
+        rc = proc.proc.returncode
+        reason = self._with_tail(f"engine exited with code {rc} during {during}")
+        self._fail(reason)
+        raise EngineStartError(f"engine for {self.model_id!r} failed to start: {reason}")
+
+    async def _watch_exit(self, proc: EngineProcess) -> None:
+        rc = await proc.proc.wait()
+        await proc.drain_output(0.5)
+        self._inbox.put_nowait(("exited", (proc, rc)))
+
+    def _handle_exit(self, proc: EngineProcess, rc: int) -> None:
+        if proc is not self.proc or self.state is not LaneState.READY:
+            return  # an exit we caused (stop) or a stale process
+        reason = self._with_tail(
+            f"engine exited unexpectedly with code {rc} (crash, out of memory or killed)"
+        )
+        self.ring.add(f"--- switchyard: {reason.split(';')[0]}")
+        self._fail(reason)
+
+    async def _handle_stop(self, reason: str) -> None:
+        if self.state in (LaneState.STOPPED, LaneState.FAILED) and (
+            self.proc is None or self.proc.proc.returncode is not None
+        ):
+            if self.state is LaneState.FAILED:
+                self._set(LaneState.STOPPED, reason=reason)
+            return
+        self._set(LaneState.STOPPING, reason=reason)
+        if self.proc is not None:
+            rc = await self.proc.terminate(grace=self.settings.stop_grace_s)
+            self.ring.add(f"--- switchyard: engine stopped ({reason}), exit code {rc}")
+        self.port = None
+        self.draining = False
+        self._set(LaneState.STOPPED, reason=reason)
+
+
+def crashed_error(lane: Lane) -> EngineCrashedError:
+    detail = lane.error or "the connection to the engine broke"
+    return EngineCrashedError(
+        f"the engine for {lane.model_id!r} failed mid-request: {detail}; "
+        "retry the request (the lane restarts on demand)"
+    )

@@ -1,0 +1,94 @@
+"""`python -m app.lanes.llamacpp_worker --ppid N --params JSON`: host llama.cpp's HTTP server.
+
+xllamacpp runs llama.cpp's own C++ server inside this process on a free loopback port. We
+print one JSON line `{"switchyard": "listening", "port": P}` on stdout when it answers, exit 0
+on SIGTERM, and exit on our own when the parent process is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from app.lanes.llamacpp import LlamaParams
+from app.lanes.parentwatch import set_pdeathsig, watch_parent
+
+_KV = {
+    "f32": "GGML_TYPE_F32",
+    "f16": "GGML_TYPE_F16",
+    "bf16": "GGML_TYPE_BF16",
+    "q8_0": "GGML_TYPE_Q8_0",
+    "q4_0": "GGML_TYPE_Q4_0",
+    "q4_1": "GGML_TYPE_Q4_1",
+    "q5_0": "GGML_TYPE_Q5_0",
+    "q5_1": "GGML_TYPE_Q5_1",
+    "iq4_nl": "GGML_TYPE_IQ4_NL",
+}
+_FA = {
+    "auto": "LLAMA_FLASH_ATTN_TYPE_AUTO",
+    "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
+    "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
+}
+
+
+def _common_params(x: Any, p: LlamaParams) -> Any:
+    cp = x.CommonParams()
+    cp.model.path = p.model_path
+    cp.model_alias = {p.alias}
+    cp.n_ctx = p.ctx_size
+    cp.n_parallel = p.parallel
+    cp.cpuparams.n_threads = p.threads
+    cp.cpuparams_batch.n_threads = p.threads
+    cp.cache_type_k = getattr(x.ggml_type, _KV[p.kv_type])
+    cp.cache_type_v = getattr(x.ggml_type, _KV[p.kv_type])
+    cp.flash_attn_type = getattr(x.llama_flash_attn_type, _FA[p.flash_attn])
+    cp.n_gpu_layers = p.gpu_layers
+    cp.endpoint_slots = True
+    cp.endpoint_metrics = True
+    cp.hostnames = ["127.0.0.1"]
+    cp.port = 0
+    if p.embedding:
+        cp.embedding = True
+        cp.pooling_type = getattr(x.llama_pooling_type, f"LLAMA_POOLING_TYPE_{(p.pooling or 'mean').upper()}")
+    return cp
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="app.lanes.llamacpp_worker")
+    ap.add_argument("--ppid", type=int, required=True)
+    ap.add_argument("--params", required=True)
+    args = ap.parse_args(argv)
+    set_pdeathsig(signal.SIGTERM)
+    if os.getppid() != args.ppid:
+        return 3
+    watch_parent(args.ppid)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    params = LlamaParams.from_json(args.params)
+    if not os.path.isfile(params.model_path):
+        print(f"switchyard-worker: model file not found: {params.model_path}", file=sys.stderr, flush=True)
+        return 4
+    import xllamacpp  # imported late: a missing wheel is reported by the parent, not a traceback here
+
+    try:
+        server = xllamacpp.Server(_common_params(xllamacpp, params))
+    except RuntimeError as exc:
+        print(f"switchyard-worker: llama.cpp could not load the model: {exc}", file=sys.stderr, flush=True)
+        return 5
+    address = str(server.listening_address)
+    port = int(address.rsplit(":", 1)[1].split("/")[0])
+    print(json.dumps({"switchyard": "listening", "port": port}), flush=True)
+    while not stop.wait(0.5):
+        pass
+    del server  # joins llama.cpp's loop and frees the model
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""The supervisor: lanes started just in time, swapped under a memory policy, unloaded when idle.
+
+Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` embedding lanes
+are loaded; asking for another stops the least recently used idle one first (waiting for its
+in-flight requests to finish, up to `drain_timeout_s`). A lane idle for its TTL is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+
+from app.core.errors import LaneBusyError, LaneNotFoundError
+from app.core.events import EventBus
+from app.core.settings import Settings
+from app.lanes.lane import Lane, LaneState, lane_slug
+from app.lanes.llamacpp import LaunchPlan, build_plan
+from app.lanes.proc import LogRing
+from app.library.catalog import Catalog, ModelEntry
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Supervisor:
+    def __init__(self, *, catalog: Catalog, settings: Settings, bus: EventBus, log_dir: Path) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        self.bus = bus
+        self.log_dir = log_dir
+        self.lanes: dict[str, Lane] = {}
+        self._swap_lock = asyncio.Lock()
+        self._http: aiohttp.ClientSession | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Supervisor:
+        self._http = aiohttp.ClientSession()
+        self._reaper = asyncio.create_task(self._reap_idle(), name="ttl-reaper")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(*(lane.close() for lane in self.lanes.values()), return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        assert self._http is not None, "Supervisor used outside its context"
+        return self._http
+
+    # ---- lanes ---------------------------------------------------------------------------------
+    def _plan_factory(self, entry: ModelEntry) -> LaunchPlan:
+        # re-read the catalog at each start: the file may have changed or vanished since
+        fresh = self.catalog.get(entry.id)
+        return build_plan(fresh, self.settings, ppid=os.getpid(), free_port=free_port())
+
+    def lane_for(self, entry: ModelEntry) -> Lane:
+        lane = self.lanes.get(entry.id)
+        if lane is None:
+            ring = LogRing(
+                max_lines=self.settings.log_ring_lines, file=self.log_dir / f"{lane_slug(entry.id)}.log"
+            )
+            lane = Lane(
+                model_id=entry.id,
+                kind=entry.kind,
+                plan_factory=lambda: self._plan_factory(entry),
+                settings=self.settings,
+                bus=self.bus,
+                ring=ring,
+                http=self.http,
+            )
+            self.lanes[entry.id] = lane
+        return lane
+
+    def get_lane(self, lane_id: str) -> Lane:
+        lane = self.lanes.get(lane_id)
+        if lane is None:
+            known = ", ".join(self.lanes) or "none yet (a lane appears when its model is first used)"
+            raise LaneNotFoundError(f"no lane {lane_id!r}; lanes: {known}")
+        return lane
+
+    def _loaded(self, kind: str) -> list[Lane]:
+        return [
+            ln
+            for ln in self.lanes.values()
+            if ln.kind == kind and ln.state in (LaneState.READY, LaneState.STARTING)
+        ]
+
+    def _limit(self, kind: str) -> int:
+        return self.settings.max_embedding_lanes if kind == "embedding" else self.settings.max_loaded_lanes
+
+    async def _make_room(self, target: Lane) -> None:
+        others = [ln for ln in self._loaded(target.kind) if ln is not target]
+        excess = len(others) + 1 - self._limit(target.kind)
+        victims = sorted(others, key=lambda ln: (ln.in_flight > 0, ln.last_used or 0))[: max(0, excess)]
+        for victim in victims:
+            victim.draining = True
+            try:
+                deadline = time.monotonic() + self.settings.drain_timeout_s
+                while victim.in_flight > 0:
+                    if time.monotonic() > deadline:
+                        raise LaneBusyError(
+                            f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
+                            f"{victim.in_flight} request(s) and only {self._limit(target.kind)} "
+                            f"{target.kind} lane(s) may be loaded; retry, or raise max_loaded_lanes"
+                        )
+                    await asyncio.sleep(0.05)
+                await victim.stop(reason=f"swapped out for {target.model_id}")
+            finally:
+                victim.draining = False
+
+    async def ensure(self, model_id: str) -> Lane:
+        """The lane for `model_id`, ready. Starts it (making room first) if needed."""
+        entry = self.catalog.get(model_id)
+        lane = self.lane_for(entry)
+        if lane.available:
+            return lane
+        async with self._swap_lock:
+            if not lane.available:
+                await self._make_room(lane)
+                await lane.ensure_ready()
+        return lane
+
+    @contextlib.asynccontextmanager
+    async def use(self, model_id: str) -> AsyncIterator[Lane]:
+        """Hold a lane for one request: counts as in flight, refreshes last_used."""
+        while True:
+            lane = await self.ensure(model_id)
+            if lane.available:  # nothing can intervene between this check and the increment
+                break
+        lane.in_flight += 1
+        lane.last_used = time.time()
+        try:
+            yield lane
+        finally:
+            lane.in_flight -= 1
+            lane.last_used = time.time()
+
+    async def load(self, model_id: str) -> Lane:
+        return await self.ensure(model_id)
+
+    async def unload(self, model_id: str) -> Lane:
+        self.catalog.get(model_id)
+        lane = self.get_lane(model_id)
+        await lane.stop(reason="unloaded on request")
+        return lane
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.time()
+            for lane in list(self.lanes.values()):
+                ttl = self.settings.ttl_for(lane.model_id)
+                if (
+                    lane.available
+                    and lane.in_flight == 0
+                    and ttl > 0
+                    and lane.last_used is not None
+                    and now - lane.last_used > ttl
+                ):
+                    task = asyncio.create_task(lane.stop(reason=f"idle for {ttl:g} s"))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+
+    def snapshot(self) -> list[dict[str, object]]:
+        return [lane.snapshot() for lane in self.lanes.values()]

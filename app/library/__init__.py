@@ -1,0 +1,1 @@
+"""The local catalog of models."""

@@ -1,0 +1,1 @@
+"""The aiohttp server: OpenAI-compatible surface, admin API, middlewares."""

@@ -1,0 +1,112 @@
+"""The aiohttp application and the `serve` loop (bind, announce, shut down cleanly)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from app.core.errors import PortInUseError
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.runtime import Runtime
+from app.server import middleware, routes_admin, routes_openai
+from app.server.keys import RUNTIME
+
+log = logging.getLogger("switchyard")
+
+
+def allowed_hosts(settings: Settings) -> set[str]:
+    hosts = set(middleware.LOOPBACK_NAMES)
+    if settings.host not in ("0.0.0.0", "::"):
+        hosts.add(settings.host.lower())
+    return hosts
+
+
+def make_app(runtime: Runtime) -> web.Application:
+    app = web.Application(
+        middlewares=[
+            middleware.access_log,
+            middleware.errors,
+            middleware.host_guard(allowed_hosts(runtime.settings)),
+        ],
+        client_max_size=64 * 1024 * 1024,
+    )
+    app[RUNTIME] = runtime
+
+    async def runtime_ctx(_: web.Application) -> AsyncIterator[None]:
+        async with runtime:
+            yield
+
+    app.cleanup_ctx.append(runtime_ctx)
+    app.add_routes(routes_admin.routes)
+    app.add_routes(routes_openai.routes)
+    return app
+
+
+def who_holds(port: int) -> str:
+    """'pid N (name)' of the process listening on `port`, where the OS lets us see it."""
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="inet"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+    except Exception:  # psutil may be denied access; the message stays useful without it
+        pass
+    return "another process"
+
+
+async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None = None) -> None:
+    runtime = Runtime(settings=settings, paths=paths)
+    app = make_app(runtime)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=False)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"port {settings.port} on {settings.host} is already in use by {who_holds(settings.port)}; "
+                f"stop it or start with --port N"
+            ) from exc
+        raise
+    port = int(runner.addresses[0][1]) if runner.addresses else settings.port
+    url = f"http://{settings.host}:{port}"
+    paths.server_file.write_text(
+        json.dumps({"url": url, "host": settings.host, "port": port, "pid": os.getpid()})
+    )
+    n_ok = len(runtime.catalog.ids())
+    n_all = len(runtime.catalog.entries())
+    log.info(
+        "models: %d servable, %d broken, from %s",
+        n_ok,
+        n_all - n_ok,
+        ", ".join(map(str, runtime.catalog.dirs)),
+    )
+    for e in runtime.catalog.entries():
+        if not e.ok:
+            log.warning("broken model %s (%s): %s", e.id, e.path, e.problem)
+    print(f"listening on {url}", flush=True)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down: stopping lanes")
+        with contextlib.suppress(FileNotFoundError):
+            if json.loads(paths.server_file.read_text()).get("pid") == os.getpid():
+                paths.server_file.unlink()
+        await runner.cleanup()

@@ -1,0 +1,9 @@
+"""Typed keys for state kept on the aiohttp application (never module globals)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from app.runtime import Runtime
+
+RUNTIME: web.AppKey[Runtime] = web.AppKey("runtime", Runtime)

@@ -1,0 +1,103 @@
+"""Middlewares: OpenAI-shaped errors, one log line per request, Host/Origin checks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from app.core.errors import SwitchyardError
+
+log = logging.getLogger("switchyard.access")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def error_response(
+    status: int, message: str, *, type_: str, code: str, param: str | None = None, source: str = "gateway"
+) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code, "source": source}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SwitchyardError as exc:
+        return web.json_response(exc.envelope(), status=exc.status)
+    except web.HTTPNotFound:
+        return error_response(
+            404,
+            f"no route {request.method} {request.path}; see GET /v1/models and the API docs",
+            type_="invalid_request_error",
+            code="route_not_found",
+        )
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(
+            405,
+            f"{request.method} is not allowed on {request.path}; "
+            f"use {', '.join(sorted(exc.allowed_methods))}",
+            type_="invalid_request_error",
+            code="method_not_allowed",
+        )
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(
+            413, "request body is too large", type_="invalid_request_error", code="too_large"
+        )
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        logging.getLogger("switchyard").exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(
+            500,
+            f"internal gateway error: {type(exc).__name__}: {exc}",
+            type_="server_error",
+            code="internal_error",
+        )
+
+
+@web.middleware
+async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    finally:
+        ms = (time.perf_counter() - t0) * 1000
+        model = request.get("model", "-")
+        log.info("%s %s model=%s status=%s %.1fms", request.method, request.path, model, status, ms)
+
+
+def host_guard(allowed_hosts: set[str]) -> Middleware:
+    """Refuse requests whose Host is not ours (DNS rebinding) or whose Origin is a foreign site."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = (request.host or "").lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name not in allowed_hosts:
+            return error_response(
+                403,
+                f"Host {host!r} is not allowed; use http://127.0.0.1 (DNS rebinding protection)",
+                type_="permission_error",
+                code="host_not_allowed",
+            )
+        origin = request.headers.get("Origin")
+        if origin and (urlsplit(origin).hostname or "").lower() not in allowed_hosts:
+            return error_response(
+                403,
+                f"Origin {origin!r} is not allowed to call this server",
+                type_="permission_error",
+                code="origin_not_allowed",
+            )
+        return await handler(request)
+
+    return guard

@@ -1,0 +1,98 @@
+"""Pass a request through to the lane's engine: bytes in, bytes out, streams unbuffered.
+
+When the client goes away the upstream request is closed, so llama.cpp frees the slot.
+When the engine dies mid-request the client gets a 502 (or, mid-stream, an error event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from app.core.errors import BadRequestError
+from app.lanes.lane import Lane, crashed_error
+from app.server.keys import RUNTIME
+from app.server.validate import check, parse_body
+
+log = logging.getLogger("switchyard.proxy")
+_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
+_KIND_FOR_ROUTE = {"chat": "chat", "completions": "chat", "embeddings": "embedding"}
+
+
+def _kind_error(model: str, kind: str, route: str) -> BadRequestError:
+    if kind == "embedding":
+        return BadRequestError(
+            f"model {model!r} is an embedding model; call POST /v1/embeddings with it", param="model"
+        )
+    return BadRequestError(
+        f"model {model!r} is a generative model, not an embedding model (its GGUF has no pooling type); "
+        "use an embedding model for /v1/embeddings",
+        param="model",
+    )
+
+
+async def forward(request: web.Request, *, route: str, path: str) -> web.StreamResponse:
+    raw = await request.read()
+    body = parse_body(raw)
+    model = check(body, route)
+    request["model"] = model
+    rt = request.app[RUNTIME]
+    entry = rt.catalog.get(model)
+    if entry.kind != _KIND_FOR_ROUTE[route]:
+        raise _kind_error(model, entry.kind, route)
+    async with rt.supervisor.use(model) as lane:
+        url = lane.base_url + path
+        try:
+            upstream = await rt.supervisor.http.post(
+                url,
+                data=raw,
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
+            raise crashed_error(lane) from exc
+        try:
+            ctype = upstream.headers.get("Content-Type", "")
+            if "text/event-stream" in ctype:
+                return await _stream(request, upstream, lane)
+            try:
+                data = await upstream.read()
+            except (aiohttp.ClientError, OSError) as exc:
+                await asyncio.sleep(0.05)
+                raise crashed_error(lane) from exc
+            headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            return web.Response(body=data, status=upstream.status, headers=headers)
+        finally:
+            upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+
+
+async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane) -> web.StreamResponse:
+    resp = web.StreamResponse(status=upstream.status)
+    resp.headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"
+    await resp.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await resp.write(chunk)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("client went away mid-stream; closing the upstream request")
+        return resp
+    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError):
+        await asyncio.sleep(0.05)
+        err = crashed_error(lane)
+        try:
+            await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass
+        return resp
+    try:
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
+    return resp

@@ -1,0 +1,97 @@
+"""Admin API: health, version, library, lanes, logs, load/unload, and an event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import web
+
+from app import __version__
+from app.core.errors import BadRequestError
+from app.server.keys import RUNTIME
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    states = [ln.state for ln in rt.supervisor.lanes.values()]
+    return web.json_response(
+        {"status": "ok", "version": __version__, "lanes": {s: states.count(s) for s in set(states)}}
+    )
+
+
+@routes.get("/api/version")
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": __version__})
+
+
+@routes.get("/api/models")
+async def library(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    return web.json_response(
+        {"models": [e.public() for e in rt.catalog.scan()], "dirs": [str(d) for d in rt.catalog.dirs]}
+    )
+
+
+@routes.post("/api/models/{model_id:.+}/load")
+async def load(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    model = request.match_info["model_id"]
+    request["model"] = model
+    lane = await rt.supervisor.load(model)
+    return web.json_response(lane.snapshot())
+
+
+@routes.post("/api/models/{model_id:.+}/unload")
+async def unload(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    model = request.match_info["model_id"]
+    request["model"] = model
+    lane = await rt.supervisor.unload(model)
+    return web.json_response(lane.snapshot())
+
+
+@routes.get("/api/lanes")
+async def lanes(request: web.Request) -> web.Response:
+    return web.json_response({"lanes": request.app[RUNTIME].supervisor.snapshot()})
+
+
+@routes.get("/api/lanes/{lane_id:.+}/logs")
+async def lane_logs(request: web.Request) -> web.Response:
+    lane = request.app[RUNTIME].supervisor.get_lane(request.match_info["lane_id"])
+    raw = request.query.get("lines", "200")
+    if not raw.isdigit():
+        raise BadRequestError("'lines' must be a non-negative integer", param="lines")
+    return web.json_response({"lane": lane.id, "lines": lane.ring.tail(int(raw))})
+
+
+@routes.get("/api/lanes/{lane_id:.+}")
+async def lane_detail(request: web.Request) -> web.Response:
+    lane = request.app[RUNTIME].supervisor.get_lane(request.match_info["lane_id"])
+    return web.json_response(lane.snapshot())
+
+
+@routes.get("/api/events")
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: a `snapshot` of the lanes first, then every event as it happens."""
+    rt = request.app[RUNTIME]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    async with rt.bus.subscribe() as q:
+        await resp.write(
+            f"event: snapshot\ndata: {json.dumps({'lanes': rt.supervisor.snapshot()})}\n\n".encode()
+        )
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), 15)
+                except TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+                    continue
+                payload = json.dumps({"ts": ev.ts, **ev.data})
+                await resp.write(f"event: {ev.kind}\ndata: {payload}\n\n".encode())
+    return resp

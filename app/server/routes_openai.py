@@ -1,0 +1,64 @@
+"""OpenAI-compatible routes: /v1/models, chat, completions, embeddings."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from app.lanes.lane import LaneState
+from app.server.keys import RUNTIME
+from app.server.proxy import forward
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    lanes = rt.supervisor.lanes
+    data = []
+    for e in rt.catalog.scan():
+        if not e.ok:
+            continue
+        lane = lanes.get(e.id)
+        data.append(
+            {
+                "id": e.id,
+                "object": "model",
+                "created": int(e.path.stat().st_mtime) if e.path.exists() else 0,
+                "owned_by": "switchyard",
+                "kind": e.kind,
+                "loaded": lane is not None and lane.state is LaneState.READY,
+                "state": str(lane.state) if lane else "stopped",
+            }
+        )
+    return web.json_response({"object": "list", "data": data})
+
+
+@routes.get("/v1/models/{model_id:.+}")
+async def get_model(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    e = rt.catalog.get(request.match_info["model_id"])
+    return web.json_response(
+        {
+            "id": e.id,
+            "object": "model",
+            "created": int(e.path.stat().st_mtime),
+            "owned_by": "switchyard",
+            "kind": e.kind,
+        }
+    )
+
+
+@routes.post("/v1/chat/completions")
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await forward(request, route="chat", path="/v1/chat/completions")
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await forward(request, route="completions", path="/v1/completions")
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await forward(request, route="embeddings", path="/v1/embeddings")

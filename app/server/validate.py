@@ -1,0 +1,86 @@
+"""Request body checks for the OpenAI routes: a malformed body is a 400 that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.core.errors import BadRequestError, MalformedJSONError
+
+_NUM = (int, float)
+# field -> (accepted types, description); absent fields are fine unless listed in REQUIRED
+_COMMON: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a string"),
+    "stream": ((bool,), "true or false"),
+    "max_tokens": ((int,), "an integer"),
+    "max_completion_tokens": ((int,), "an integer"),
+    "n": ((int,), "an integer"),
+    "temperature": (_NUM, "a number"),
+    "top_p": (_NUM, "a number"),
+    "seed": ((int,), "an integer"),
+    "stop": ((str, list), "a string or a list of strings"),
+    "stream_options": ((dict,), "an object"),
+}
+ROUTES: dict[str, dict[str, Any]] = {
+    "chat": {
+        "required": ("model", "messages"),
+        "fields": {"messages": ((list,), "a list of message objects")},
+    },
+    "completions": {
+        "required": ("model", "prompt"),
+        "fields": {"prompt": ((str, list), "a string or a list")},
+    },
+    "embeddings": {
+        "required": ("model", "input"),
+        "fields": {
+            "input": ((str, list), "a string or a list"),
+            "encoding_format": ((str,), '"float" or "base64"'),
+        },
+    },
+}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise MalformedJSONError("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise MalformedJSONError(f"the request body is not valid JSON{where}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise MalformedJSONError(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def check(body: dict[str, Any], route: str) -> str:
+    """Validate `body` for `route`; returns the model id."""
+    spec = ROUTES[route]
+    for name in spec["required"]:
+        if name not in body or body[name] is None:
+            raise BadRequestError(f"missing required field {name!r}", param=name)
+    fields = {**_COMMON, **spec["fields"]}
+    for name, (types, desc) in fields.items():
+        if name in body and body[name] is not None:
+            v = body[name]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise BadRequestError(f"field {name!r} must be {desc}, got {type(v).__name__}", param=name)
+    model = body["model"]
+    if not model.strip():
+        raise BadRequestError("field 'model' is empty; name a model from GET /v1/models", param="model")
+    if route == "chat":
+        msgs = body["messages"]
+        if not msgs:
+            raise BadRequestError("'messages' is empty; send at least one message", param="messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequestError(
+                    f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
+                )
+    if route == "embeddings":
+        fmt = body.get("encoding_format")
+        if fmt is not None and fmt not in ("float", "base64"):
+            raise BadRequestError('encoding_format must be "float" or "base64"', param="encoding_format")
+        if isinstance(body["input"], list) and not body["input"]:
+            raise BadRequestError("'input' is empty", param="input")
+    return str(model)

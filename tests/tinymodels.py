@@ -1,0 +1,106 @@
+"""Tiny GGUF models written by the tests themselves (random weights, byte-fallback vocabulary).
+
+llama.cpp loads and generates from these; the output is arbitrary bytes, so tests assert on
+structure or pin the text with a grammar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 2048
+    pooling: int | None = None  # 1 = mean: an embedding model
+    seed: int = 0
+
+
+CHAT = TinySpec()
+EMBED = TinySpec(pooling=1, seed=1)
+LARGE = TinySpec(n_embd=512, n_layer=8, n_head=8, n_head_kv=4, n_ff=1536, seed=2)
+
+
+def _vocab() -> tuple[list[bytes], list[float], list[int]]:
+    tokens: list[bytes] = [b"<unk>", b"<s>", b"</s>"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>".encode())
+        types.append(gguf.TokenType.BYTE)
+    for word in ["\u2581", "\u2581the", "\u2581answer", "\u2581is", "\u258142", "a", "e", "t"]:
+        tokens.append(word.encode())
+        types.append(gguf.TokenType.NORMAL)
+    scores = [0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(tokens) - 259)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_tiny_gguf(path: Path, spec: TinySpec = CHAT) -> Path:
+    """Write a llama-architecture GGUF with f32 random weights; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(spec.seed)
+    tokens, scores, types = _vocab()
+    n_vocab = len(tokens)
+    head_dim = spec.n_embd // spec.n_head
+    kv_dim = head_dim * spec.n_head_kv
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-embed" if spec.pooling else "tiny-chat")
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if spec.pooling is not None:
+        w.add_pooling_type(gguf.PoolingType(spec.pooling))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHATML)
+
+    def t(name: str, *shape: int) -> None:
+        data = rng.standard_normal(shape).astype(np.float32) * 0.02
+        if name.endswith("norm.weight"):
+            data = np.ones(shape, dtype=np.float32)
+        w.add_tensor(name, data)
+
+    t("token_embd.weight", n_vocab, spec.n_embd)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        t(p + "attn_norm.weight", spec.n_embd)
+        t(p + "attn_q.weight", spec.n_embd, spec.n_embd)
+        t(p + "attn_k.weight", kv_dim, spec.n_embd)
+        t(p + "attn_v.weight", kv_dim, spec.n_embd)
+        t(p + "attn_output.weight", spec.n_embd, spec.n_embd)
+        t(p + "ffn_norm.weight", spec.n_embd)
+        t(p + "ffn_gate.weight", spec.n_ff, spec.n_embd)
+        t(p + "ffn_up.weight", spec.n_ff, spec.n_embd)
+        t(p + "ffn_down.weight", spec.n_embd, spec.n_ff)
+    t("output_norm.weight", spec.n_embd)
+    t("output.weight", n_vocab, spec.n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
