@@ -1,0 +1,156 @@
+"""Shared fixtures: an isolated home for every test, tiny models, and a real `switchyard serve`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.tinymodels import CHAT, EMBED, LARGE, TinySpec, write_tiny_gguf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own data dir, HF cache and a keyring that cannot reach the user's."""
+    home = tmp_path / "sy-home"
+    monkeypatch.setenv("SWITCHYARD_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated once per session; tests copy or link what they need."""
+    d = tmp_path_factory.mktemp("models-src")
+    write_tiny_gguf(d / "tiny.gguf", CHAT)
+    write_tiny_gguf(d / "tiny2.gguf", TinySpec(seed=7))
+    write_tiny_gguf(d / "embed.gguf", EMBED)
+    return d
+
+
+@pytest.fixture(scope="session")
+def large_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("models-large") / "large.gguf", LARGE)
+
+
+def link_models(dest: Path, *sources: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in sources:
+        target = dest / src.name
+        if not target.exists():
+            os.link(src, target) if src.stat().st_dev == dest.stat().st_dev else shutil.copy(src, target)
+    return dest
+
+
+class ServerProcess:
+    """A real `python -m app serve` child, on a free port, in its own SWITCHYARD_HOME."""
+
+    def __init__(self, home: Path, models_dir: Path, *extra: str, port: int = 0) -> None:
+        self.home = home
+        self.models_dir = models_dir
+        env = dict(os.environ, SWITCHYARD_HOME=str(home), PYTHONUNBUFFERED="1")
+        argv = [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--port",
+            str(port),
+            "--models-dir",
+            str(models_dir),
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._ready = threading.Event()
+        self.url = ""
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False), daemon=True).start()
+
+    def _pump(self, stream, sink: list[str], watch: bool) -> None:  # type: ignore[no-untyped-def]
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+            if watch and line.startswith("listening on "):
+                self.url = line.split()[-1]
+                self._ready.set()
+
+    def wait_ready(self, timeout: float = 30) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.stderr_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve did not become ready: {self.stderr_text()}")
+        return self
+
+    @property
+    def api(self) -> str:
+        return self.url + "/v1"
+
+    def stderr_text(self) -> str:
+        return "\n".join(self.stderr)
+
+    def engine_pids(self) -> list[int]:
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [k.pid for k in kids]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
+    """The pids still alive (zombies count as gone) after waiting up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if alive:
+            time.sleep(0.1)
+    return alive
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    started: list[ServerProcess] = []
+
+    def start(models_dir: Path, *extra: str, port: int = 0, wait: bool = True) -> ServerProcess:
+        s = ServerProcess(tmp_path / f"home{len(started)}", models_dir, *extra, port=port)
+        started.append(s)
+        return s.wait_ready() if wait else s
+
+    yield start
+    for s in started:
+        pids = s.engine_pids()
+        s.stop()
+        wait_gone(pids, 5)
