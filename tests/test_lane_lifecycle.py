@@ -234,3 +234,39 @@ async def test_shutdown_stops_every_engine(models: Path) -> None:
         pids = [a.proc.pid, b.proc.pid]  # type: ignore[union-attr]
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_log_ring_survives_unwritable_log_file(tmp_path: Path) -> None:
+    from app.lanes.proc import LogRing
+
+    ring = LogRing(max_lines=3, file=tmp_path / "l.log")
+    ring.add("one")
+    assert ring._fh is not None
+    ring._fh.close()  # writing now fails like a full disk does
+    ring._fh = open("/dev/full", "w")
+    ring.add("two")
+    ring.add("three")
+    assert ring.tail(3)[-1] == "three"
+    assert any("log file writing stopped" in ln for ln in ring.tail(3))
+    assert (tmp_path / "l.log").read_text() == "one\n"
+
+
+async def test_stop_while_starting_escalates_to_sigkill(tmp_path: Path, models: Path) -> None:
+    # an engine that ignores SIGTERM and never becomes ready
+    binary = _fake_binary(tmp_path, "trap '' TERM\nwhile true; do echo still loading; sleep 0.1; done")
+    runtime = await make_runtime(models, runtime="llama-server", llama_server_path=binary, stop_grace_s=0.5)
+    async with runtime, Recorder(runtime.bus) as rec:
+        starting = asyncio.create_task(runtime.supervisor.ensure("tiny"))
+        await rec.wait_state("tiny", "starting")
+        lane = runtime.supervisor.get_lane("tiny")
+        await asyncio.sleep(0.3)
+        assert lane.proc is not None
+        pid = lane.proc.pid
+        t0 = time.monotonic()
+        await lane.stop(reason="user stop")
+        assert 0.4 < time.monotonic() - t0 < 5  # waited the grace period, then killed
+        with pytest.raises(EngineStartError, match="cancelled by a stop"):
+            await starting
+        assert lane.state is LaneState.STOPPED
+        assert lane.proc.proc.returncode == -signal.SIGKILL
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"

@@ -256,3 +256,19 @@ def test_malformed_settings_file_refuses_to_start(tmp_path: Path) -> None:
     out = run_cli(home, "serve", "--port", "0")
     assert out.returncode == 2 and "settings.json is not valid JSON" in out.stderr
     assert (home / "settings.json").read_text() == "{oops"
+
+
+def test_non_loopback_bind_is_refused(tmp_path: Path) -> None:
+    out = run_cli(tmp_path / "h", "serve", "--host", "0.0.0.0", "--port", "0")
+    assert out.returncode == 2 and "refusing to bind 0.0.0.0" in out.stderr and "127.0.0.1" in out.stderr
+
+
+def test_missing_model_file_over_http(start_server: Any, tmp_path: Path, model_store: Path) -> None:
+    models = link_models(tmp_path / "m", model_store / "tiny.gguf", model_store / "tiny2.gguf")
+    s = start_server(models)
+    (models / "tiny2.gguf").unlink()
+    c = openai.OpenAI(base_url=s.api, api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="tiny2"):
+        c.chat.completions.create(model="tiny2", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert r.choices  # the rest keeps serving

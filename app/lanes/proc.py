@@ -31,8 +31,12 @@ class LogRing:
         self.lines.append(line)
         self.last_output = time.monotonic()
         if self._fh is not None:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+            try:
+                self._fh.write(line + "\n")
+                self._fh.flush()
+            except OSError as exc:  # a full disk must not stall the engine's pipe: keep the ring only
+                self._fh = None
+                self.lines.append(f"--- switchyard: log file writing stopped: {exc.strerror or exc}")
 
     def tail(self, n: int = 20) -> list[str]:
         return list(self.lines)[-n:] if n > 0 else []

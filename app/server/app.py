@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from app.core.errors import PortInUseError
+from app.core.errors import PortInUseError, SettingsError
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.runtime import Runtime
@@ -64,7 +65,22 @@ def who_holds(port: int) -> str:
     return "another process"
 
 
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None = None) -> None:
+    if not is_loopback(settings.host):
+        # exposing the API needs API keys (planned); until they exist only loopback binds are allowed
+        raise SettingsError(
+            f"refusing to bind {settings.host}: a non-loopback address would expose the API without an "
+            "API key, and API keys are not available yet; bind 127.0.0.1 (the default)"
+        )
     runtime = Runtime(settings=settings, paths=paths)
     app = make_app(runtime)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
