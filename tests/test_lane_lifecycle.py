@@ -9,8 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import gguf
-import numpy as np
 import psutil
 import pytest
 
@@ -21,6 +19,7 @@ from app.core.settings import Settings
 from app.lanes.lane import LaneState
 from app.runtime import Runtime
 from tests.conftest import link_models
+from tests.tinymodels import write_unknown_arch_gguf
 
 
 class Recorder:
@@ -152,19 +151,8 @@ async def test_idle_ttl_unloads(models: Path) -> None:
         assert emb.state is LaneState.READY  # ttl 0: never unloaded
 
 
-def _write_unknown_arch(path: Path) -> Path:
-    w = gguf.GGUFWriter(str(path), "nosucharch")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 async def test_engine_exit_during_start_fails_at_once_with_log(rt: Runtime, models: Path) -> None:
-    _write_unknown_arch(models / "alien.gguf")
+    write_unknown_arch_gguf(models / "alien.gguf")
     t0 = time.monotonic()
     with pytest.raises(EngineStartError) as exc:
         await rt.supervisor.ensure("alien")

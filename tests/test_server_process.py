@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, link_models, wait_gone
+from tests.tinymodels import write_unknown_arch_gguf
 
 
 def get(url: str) -> Any:
@@ -272,3 +273,20 @@ def test_missing_model_file_over_http(start_server: Any, tmp_path: Path, model_s
         c.chat.completions.create(model="tiny2", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert r.choices  # the rest keeps serving
+
+
+def test_engine_start_failure_is_503_with_reason(
+    start_server: Any, tmp_path: Path, model_store: Path
+) -> None:
+    models = link_models(tmp_path / "m", model_store / "tiny.gguf")
+    write_unknown_arch_gguf(models / "alien.gguf")
+    s = start_server(models)
+    c = openai.OpenAI(base_url=s.api, api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as exc:
+        c.chat.completions.create(model="alien", messages=[{"role": "user", "content": "x"}])
+    assert exc.value.status_code == 503
+    body = exc.value.body
+    assert isinstance(body, dict) and body["code"] == "engine_start_failed" and body["source"] == "engine"
+    assert "nosucharch" in body["message"]
+    assert lane(s.url, "alien")["state"] == "failed"
+    assert c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)

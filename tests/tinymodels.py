@@ -104,3 +104,16 @@ def write_tiny_gguf(path: Path, spec: TinySpec = CHAT) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_unknown_arch_gguf(path: Path, arch: str = "nosucharch") -> Path:
+    """A well-formed GGUF whose architecture llama.cpp does not know: it passes our header check
+    and makes the engine exit during load."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
