@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 DEBIAN_TEST_PACKAGES ?=
 PYTEST_ARGS ?=
 
-.PHONY: run serve test lint format typecheck pytest test-fast bench clean venv
+.PHONY: run serve test lint format typecheck pytest test-fast bench clean venv debian-deps
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Switchyard needs Python 3.11 or newer")'

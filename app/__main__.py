@@ -128,13 +128,14 @@ def cmd_ls(args: argparse.Namespace, paths: Paths) -> int:
     rows = [("ID", "KIND", "ARCH", "CTX", "SIZE", "STATUS")]
     for e in entries:
         f = e.facts
-        size = f"{e.path.stat().st_size / 2**20:.1f} MiB" if e.path.exists() else "-"
+        total = sum(p.stat().st_size for p in (e.parts or (e.path,)) if p.exists())
+        size = f"{total / 2**20:.1f} MiB" if total else "-"
         rows.append(
             (
                 e.id,
                 e.kind,
                 f.architecture if f else "-",
-                str(f.context_length if f else "-"),
+                str(f.context_length) if f and f.context_length else "-",
                 size,
                 "ok" if e.ok else f"broken: {e.problem}",
             )

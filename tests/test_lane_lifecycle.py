@@ -258,3 +258,10 @@ async def test_stop_while_starting_escalates_to_sigkill(tmp_path: Path, models: 
         assert lane.state is LaneState.STOPPED
         assert lane.proc.proc.returncode == -signal.SIGKILL
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+async def test_unload_works_after_the_file_is_gone(rt: Runtime, models: Path) -> None:
+    lane = await rt.supervisor.ensure("tiny2")
+    (models / "tiny2.gguf").unlink()
+    await rt.supervisor.unload("tiny2")
+    assert lane.state is LaneState.STOPPED and lane.snapshot()["pid"] is None

@@ -200,3 +200,22 @@ def test_health_and_request_log(server: ServerProcess) -> None:
     assert status == 200 and body["status"] == "ok"
     raw(server, "/v1/chat/completions", b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}')
     assert any("POST /v1/chat/completions model=nope status=404" in ln for ln in server.stderr)
+
+
+def test_engine_refusal_is_rewrapped_in_our_envelope(server: ServerProcess) -> None:
+    # a prompt far longer than a slot's context: llama.cpp refuses it; the client sees our envelope
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "z " * 5000}], "max_tokens": 2}
+    status, err = raw(server, "/v1/chat/completions", json.dumps(body).encode())
+    assert 400 <= status < 600
+    e = err["error"]
+    assert e["source"] == "engine" and "refused the request" in e["message"]
+    assert set(e) == {"message", "type", "param", "code", "source"} and isinstance(e["code"], str)
+
+
+def test_engine_cors_headers_are_not_passed_through(server: ServerProcess) -> None:
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}'
+    req = urllib.request.Request(
+        server.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert not [h for h in r.headers if h.lower().startswith("access-control-")]

@@ -75,3 +75,18 @@ def test_switchyard_home_overrides_everything(tmp_path: Path) -> None:
     assert paths.home == (tmp_path / "h").resolve()
     assert paths.models == paths.home / "models"
     assert paths.lane_logs.is_relative_to(paths.home)
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"ctx_size": "big"}, "must be an integer"),
+        ({"ttl_s": "soon"}, "number of seconds"),
+        ({"parallel": 0}, "at least 1"),
+        ({"kv_type": "q3"}, "must be one of"),
+        ({"flash_attn": True}, "must be one of"),
+    ],
+)
+def test_bad_override_values_are_refused_up_front(over: dict[str, object], match: str) -> None:
+    with pytest.raises(SettingsError, match=match):
+        Settings(model_overrides={"m": over})

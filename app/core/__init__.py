@@ -1,1 +1,1 @@
-"""Settings, paths, events, the error tree and the Runtime that wires the parts together."""
+"""Settings, paths, events and the error tree (the Runtime that wires the parts is app/runtime.py)."""

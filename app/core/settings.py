@@ -62,12 +62,18 @@ class Settings:
         for name in ("ctx_size", "threads"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be 0 (automatic) or a positive number")
+        if self.gpu_layers < -1:
+            raise SettingsError("gpu_layers must be -1 (automatic) or a number of layers")
+        if self.log_ring_lines < 1:
+            raise SettingsError("log_ring_lines must be at least 1")
         for model, over in self.model_overrides.items():
             bad = sorted(set(over) - set(OVERRIDE_KEYS))
             if bad:
                 raise SettingsError(
                     f"model_overrides[{model!r}] has unknown keys {bad}; allowed: {', '.join(OVERRIDE_KEYS)}"
                 )
+            for key, value in over.items():
+                _check_override(model, key, value)
 
     def ttl_for(self, model_id: str) -> float:
         return float(self.model_overrides.get(model_id, {}).get("ttl_s", self.idle_ttl_s))
@@ -82,6 +88,22 @@ class Settings:
         out = dataclasses.asdict(self)
         out["models_dirs"] = [str(p) for p in self.models_dirs]
         return out
+
+
+def _check_override(model: str, key: str, value: Any) -> None:
+    where = f"model_overrides[{model!r}][{key!r}]"
+    if key in ("kv_type", "flash_attn"):
+        allowed = KV_TYPES if key == "kv_type" else FLASH_ATTN
+        if value not in allowed:
+            raise SettingsError(f"{where} must be one of {', '.join(allowed)}, got {value!r}")
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (key != "ttl_s" and not isinstance(value, int)):
+        kind = "a number of seconds" if key == "ttl_s" else "an integer"
+        raise SettingsError(f"{where} must be {kind}, got {value!r}")
+    minimum = {"ttl_s": 0, "ctx_size": 0, "parallel": 1, "gpu_layers": -1}[key]
+    if value < minimum:
+        raise SettingsError(f"{where} must be at least {minimum}, got {value!r}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}

@@ -112,7 +112,7 @@ class Lane:
             "engine": "llama.cpp",
             "runtime": self.plan.runtime if self.plan else None,
             "state": str(self.state),
-            "pid": self.proc.pid if self.proc and self.state is not LaneState.STOPPED else None,
+            "pid": self.proc.pid if self.proc and self.proc.proc.returncode is None else None,
             "port": self.port,
             "started_at": self.started_at,
             "last_used": self.last_used,
@@ -164,7 +164,11 @@ class Lane:
             return
         try:
             await self._start()
-        except SwitchyardError as exc:
+        except Exception as exc:  # every waiter must get an answer, whatever went wrong
+            if not isinstance(exc, SwitchyardError):
+                exc = EngineStartError(f"cannot start {self.model_id!r}: {type(exc).__name__}: {exc}")
+                if self.state is LaneState.STARTING:
+                    self._fail(exc.message)
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # mark retrieved: waiters may have gone away
@@ -176,14 +180,15 @@ class Lane:
         was_failed = self.state is LaneState.FAILED
         self.error = None
         self.port = None
+        self.proc = None
         self._set(LaneState.STARTING)
         if was_failed:
             self.restarts += 1
         try:
             self.plan = self._plan_factory()
-        except SwitchyardError as exc:
+        except SwitchyardError as exc:  # model gone or broken, no runtime: the caller gets that error itself
             self._fail(exc.message)
-            raise EngineStartError(f"cannot start {self.model_id!r}: {exc.message}") from exc
+            raise
         self.ring.add(f"--- switchyard: starting {self.model_id} with {self.plan.runtime} at {time.ctime()}")
         self.port = self.plan.port
 
@@ -204,6 +209,15 @@ class Lane:
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
         self._set(LaneState.READY)
+        self.bus.publish(
+            "lane.ready",
+            lane=self.id,
+            model=self.model_id,
+            pid=self.proc.pid,
+            port=self.port,
+            runtime=self.plan.runtime,
+            params=self.plan.public()["params"],
+        )
 
     async def _await_ready(self, proc: EngineProcess) -> None:
         """Poll the health route until 200; the stall deadline moves while the engine shows progress."""

@@ -102,11 +102,15 @@ def choose_runtime(settings: Settings) -> str:
         return "xllamacpp"
     if settings.runtime in ("auto", "llama-server") and find_llama_server(settings):
         return "llama-server"
-    if settings.runtime == "llama-server":
-        where = settings.llama_server_path or "PATH"
+    if settings.runtime == "llama-server" or settings.llama_server_path:
+        where = f"at {settings.llama_server_path}" if settings.llama_server_path else "on PATH"
+        lead = (
+            "runtime 'llama-server' is selected but"
+            if settings.runtime == "llama-server"
+            else ("xllamacpp is not installed and")
+        )
         raise EngineUnavailableError(
-            f"runtime 'llama-server' is selected but no executable llama-server was found on {where}; "
-            "install llama.cpp or set llama_server_path"
+            f"{lead} no executable llama-server was found {where}; install llama.cpp or fix llama_server_path"
         )
     raise EngineUnavailableError(
         "no llama.cpp runtime is installed: `pip install xllamacpp` or put llama-server on PATH"

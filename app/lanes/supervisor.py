@@ -90,7 +90,9 @@ class Supervisor:
     def get_lane(self, lane_id: str) -> Lane:
         lane = self.lanes.get(lane_id)
         if lane is None:
-            known = ", ".join(self.lanes) or "none yet (a lane appears when its model is first used)"
+            known = (
+                ", ".join(self.lanes) or "none yet (a lane appears when its model is first used or loaded)"
+            )
             raise LaneNotFoundError(f"no lane {lane_id!r}; lanes: {known}")
         return lane
 
@@ -155,8 +157,7 @@ class Supervisor:
         return await self.ensure(model_id)
 
     async def unload(self, model_id: str) -> Lane:
-        self.catalog.get(model_id)
-        lane = self.get_lane(model_id)
+        lane = self.get_lane(model_id)  # works even if the file has since vanished or broken
         await lane.stop(reason="unloaded on request")
         return lane
 

@@ -97,7 +97,8 @@ async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None 
             ) from exc
         raise
     port = int(runner.addresses[0][1]) if runner.addresses else settings.port
-    url = f"http://{settings.host}:{port}"
+    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{shown}:{port}"
     paths.server_file.write_text(
         json.dumps({"url": url, "host": settings.host, "port": port, "pid": os.getpid()})
     )

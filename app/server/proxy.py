@@ -65,10 +65,50 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
             except (aiohttp.ClientError, OSError) as exc:
                 await asyncio.sleep(0.05)
                 raise crashed_error(lane) from exc
-            headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
+            if upstream.status >= 400:
+                return _engine_error(upstream.status, data, model)
+            headers = {k: v for k, v in upstream.headers.items() if _keep_header(k)}
             return web.Response(body=data, status=upstream.status, headers=headers)
         finally:
             upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+
+
+def _keep_header(name: str) -> bool:
+    # the engine's own CORS answers are not ours to give: the gateway decides who may call it
+    low = name.lower()
+    return low not in _HOP and not low.startswith("access-control-")
+
+
+def _engine_error(status: int, data: bytes, model: str) -> web.Response:
+    """Re-wrap an engine's error answer in our envelope, keeping its message and status."""
+    message, etype, code = (
+        data.decode("utf-8", "replace").strip() or f"engine answered HTTP {status}",
+        None,
+        None,
+    )
+    try:
+        err = json.loads(data).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            etype, code = err.get("type"), err.get("code")
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    body = {
+        "error": {
+            "message": f"the engine for {model!r} refused the request: {message}",
+            "type": etype
+            if isinstance(etype, str)
+            else "invalid_request_error"
+            if status < 500
+            else "engine_error",
+            "param": None,
+            "code": code if isinstance(code, str) else f"engine_http_{status}",
+            "source": "engine",
+        }
+    }
+    return web.json_response(body, status=status)
 
 
 async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane) -> web.StreamResponse:
