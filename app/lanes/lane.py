@@ -16,10 +16,12 @@ from enum import StrEnum
 from typing import Any
 
 import aiohttp
+import psutil
 
 from app.core.errors import EngineCrashedError, EngineStartError, SwitchyardError
 from app.core.events import EventBus
 from app.core.settings import Settings
+from app.lanes.footprint import Footprint, parse_footprint
 from app.lanes.llamacpp import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
 
@@ -66,6 +68,7 @@ class Lane:
         self.in_flight = 0
         self.restarts = 0
         self.draining = False
+        self.measured: Footprint | None = None
         self._stop_requested = False
         self._startup: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -120,7 +123,21 @@ class Lane:
             "restarts": self.restarts,
             "error": self.error,
             "params": self.plan.public()["params"] if self.plan else None,
+            "measured": self._measured_now(),
         }
+
+    def _measured_now(self) -> dict[str, Any] | None:
+        if self.measured is None or self.state is not LaneState.READY or self.proc is None:
+            return None
+        out = self.measured.public()
+        try:
+            p = psutil.Process(self.proc.pid)
+            out["rss_bytes"] = p.memory_info().rss + sum(
+                c.memory_info().rss for c in p.children(recursive=True)
+            )
+        except psutil.Error:
+            out["rss_bytes"] = None
+        return out
 
     # ---- the owner task ------------------------------------------------------------------------
     def _set(self, state: LaneState, *, reason: str | None = None) -> None:
@@ -204,6 +221,8 @@ class Lane:
             self._fail(msg)
             raise EngineStartError(f"engine for {self.model_id!r} failed to start: {msg}") from exc
         await self._await_ready(self.proc)
+        await asyncio.sleep(0)  # let the readers take the last load lines
+        self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
         self.started_at = time.time()
         self.last_used = time.time()
         proc = self.proc

@@ -52,6 +52,7 @@ def _common_params(x: Any, p: LlamaParams) -> Any:
     cp.endpoint_metrics = True
     cp.hostnames = ["127.0.0.1"]
     cp.port = 0
+    cp.verbosity = 4  # level 4 prints the buffer sizes that the measured footprint is read from
     if p.embedding:
         cp.embedding = True
         cp.pooling_type = getattr(x.llama_pooling_type, f"LLAMA_POOLING_TYPE_{(p.pooling or 'mean').upper()}")

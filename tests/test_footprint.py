@@ -1,0 +1,48 @@
+"""The engine's own buffer report, parsed from real llama.cpp load logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.lanes.footprint import MIB, parse_footprint
+from app.runtime import Runtime
+from tests.conftest import link_models
+
+CAPTURED = [
+    "--- switchyard: starting old at Mon",
+    "0.00.022187 I load_tensors:   CPU_Mapped model buffer size =    11.00 MiB",
+    "--- switchyard: starting large at Tue",
+    "0.00.022.187 I load_tensors:   CPU_Mapped model buffer size =    97.08 MiB",
+    "0.00.022.190 I load_tensors:        CUDA0 model buffer size =  1024.50 MiB",
+    "0.00.022.583 I llama_context:        CPU  output buffer size =     0.00 MiB",
+    "0.00.022.715 I llama_kv_cache:        CPU KV buffer size =    64.00 MiB",
+    "0.00.059.896 I sched_reserve:        CPU compute buffer size =    16.02 MiB",
+    "0.00.059.897 I sched_reserve:      CUDA0 compute buffer size =   300.00 MiB",
+]
+
+
+def test_parse_captured_log_latest_start_only() -> None:
+    fp = parse_footprint(CAPTURED)
+    assert fp.devices["CPU"]["weights"] == round(97.08 * MIB)
+    assert fp.devices["CUDA0"]["weights"] == round(1024.5 * MIB)
+    assert fp.devices["CPU"]["kv_cache"] == 64 * MIB
+    assert fp.total("compute") == round(16.02 * MIB) + 300 * MIB
+    assert fp.devices["CPU"]["output"] == 0
+
+
+async def test_ready_lane_reports_measured_buffers(tmp_path: Path, model_store: Path) -> None:
+    models = link_models(tmp_path / "m", model_store / "tiny.gguf")
+    rt = Runtime(settings=Settings(models_dirs=(models,), parallel=2), paths=Paths.from_env())
+    async with rt:
+        lane = await rt.supervisor.ensure("tiny")
+        snap = lane.snapshot()
+        m = snap["measured"]
+        assert m is not None and "CPU" in m["devices"]
+        # tiny: 2 layers x 2 kv heads x 16 dims x (2+2) bytes x 4096 cells = 1 MiB of f16 KV
+        assert m["totals"]["kv_cache"] == 1 * MIB
+        assert m["totals"]["weights"] > 0 and m["totals"]["compute"] > 0
+        assert m["rss_bytes"] and m["rss_bytes"] > m["totals"]["weights"]
+        await rt.supervisor.unload("tiny")
+        assert lane.snapshot()["measured"] is None
