@@ -107,10 +107,6 @@ def read_gguf(path: Path) -> GGUFFacts | GGUFProblem:
             f"the GGUF header or tensor table is corrupt or the file is truncated ({type(exc).__name__}: "
             f"{exc}); download it again"
         )
-    fields = reader.fields
-    arch = _scalar(fields, "general.architecture")
-    if not isinstance(arch, str):
-        return GGUFProblem("the GGUF has no general.architecture key; it is not a model llama.cpp can load")
     split = split_part(path)
     tensor_bytes = sum(int(t.n_bytes) for t in reader.tensors)
     if split is None and tensor_bytes > size:
@@ -118,6 +114,18 @@ def read_gguf(path: Path) -> GGUFFacts | GGUFProblem:
             f"the file is truncated: its tensors need {tensor_bytes} bytes but the file has {size}; "
             "download it again"
         )
+    return facts_from_reader(reader, tensor_bytes=tensor_bytes, file_bytes=size)
+
+
+def facts_from_reader(reader: Any, *, tensor_bytes: int, file_bytes: int) -> GGUFFacts | GGUFProblem:
+    """GGUFFacts from an open `gguf.GGUFReader` (the first part of a multi-part model carries the header).
+
+    `tensor_bytes` and `file_bytes` are passed in so a multi-part reader can report totals over all parts.
+    """
+    fields = reader.fields
+    arch = _scalar(fields, "general.architecture")
+    if not isinstance(arch, str):
+        return GGUFProblem("the GGUF has no general.architecture key; it is not a model llama.cpp can load")
     ft = _scalar(fields, "general.file_type")
     template = _scalar(fields, "tokenizer.chat_template")
     pooling_raw = _scalar(fields, f"{arch}.pooling_type")
@@ -133,5 +141,5 @@ def read_gguf(path: Path) -> GGUFFacts | GGUFProblem:
         chat_template=template if isinstance(template, str) else None,
         file_type=_enum_name(gguf.LlamaFileType, ft),
         tensor_bytes=tensor_bytes,
-        file_bytes=size,
+        file_bytes=file_bytes,
     )

@@ -1,0 +1,76 @@
+"""The lanes routing knows about: their ids, display names, what each runs, and how to install it.
+
+Lane ids are the keys of `installed` and `pins`; they never change. Everything here is text for people.
+"""
+
+from __future__ import annotations
+
+LLAMA_CPP = "llama.cpp"
+MISTRAL_RS = "mistral.rs"
+MLX = "mlx"
+VLLM = "vllm"
+SGLANG = "sglang"
+SD_CPP = "sd.cpp"
+WHISPER_CPP = "whisper.cpp"
+PIPER = "piper"
+
+# The canonical order: rejections of lanes that do not read the model's format are listed in it.
+LANES: tuple[str, ...] = (LLAMA_CPP, MISTRAL_RS, MLX, VLLM, SGLANG, SD_CPP, WHISPER_CPP, PIPER)
+
+CUDA_LANES = frozenset({VLLM, SGLANG})
+
+_TITLES = {
+    LLAMA_CPP: "llama.cpp",
+    MISTRAL_RS: "mistral.rs",
+    MLX: "MLX",
+    VLLM: "vLLM",
+    SGLANG: "SGLang",
+    SD_CPP: "stable-diffusion.cpp",
+    WHISPER_CPP: "whisper.cpp",
+    PIPER: "Piper",
+}
+
+_CUDA_RUNS = (
+    "runs safetensors language models, plain or AWQ/GPTQ/FP8/compressed-tensors quantized, on NVIDIA GPUs"
+)
+_RUNS = {
+    LLAMA_CPP: "runs GGUF language models",
+    MISTRAL_RS: "runs GGUF and plain safetensors language models",
+    MLX: "runs MLX models (and plain safetensors on Apple Silicon)",
+    VLLM: _CUDA_RUNS,
+    SGLANG: _CUDA_RUNS,
+    SD_CPP: "runs image diffusion models (diffusers pipelines and diffusion GGUFs)",
+    WHISPER_CPP: "runs whisper ggml speech-recognition models",
+    PIPER: "runs Piper text-to-speech voices",
+}
+
+_INSTALL = {
+    LLAMA_CPP: "`pip install xllamacpp`, or put llama-server on PATH",
+    MISTRAL_RS: "install mistral.rs (github.com/EricLBuehler/mistral.rs) and put its server on PATH",
+    MLX: "`pip install mlx-lm` (on Linux: `pip install mlx[cpu] mlx-lm`)",
+    VLLM: "`pip install vllm` (Linux with an NVIDIA GPU)",
+    SGLANG: "`pip install sglang` (Linux with an NVIDIA GPU)",
+    SD_CPP: "install stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put it on PATH",
+    WHISPER_CPP: "install whisper.cpp (github.com/ggml-org/whisper.cpp) and put whisper-server on PATH",
+    PIPER: "`pip install piper-tts`",
+}
+
+
+def title(lane: str) -> str:
+    return _TITLES.get(lane, lane)
+
+
+def runs(lane: str) -> str:
+    return _RUNS.get(lane, "is not a lane Switchyard knows")
+
+
+def install_hint(lane: str) -> str:
+    return _INSTALL.get(lane, f"install {lane}")
+
+
+def titles(lanes: tuple[str, ...] | list[str], *, joiner: str = "or") -> str:
+    """ "vLLM", "SGLang or vLLM", "A, B or C"."""
+    names = [title(x) for x in lanes]
+    if len(names) <= 1:
+        return "".join(names)
+    return f"{', '.join(names[:-1])} {joiner} {names[-1]}"
