@@ -6,12 +6,17 @@ It sits above `lanes` and below `server` in the import order.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from app.core.events import EventBus
 from app.core.paths import Paths
 from app.core.settings import Settings
+from app.hardware.bandwidth import load_or_measure
+from app.hardware.model import Hardware
+from app.hardware.probe import probe
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
 
@@ -35,7 +40,28 @@ class Runtime:
 
     async def __aenter__(self) -> Runtime:
         await self.supervisor.__aenter__()
+        if self.settings.plan_memory:
+            # once, off the event loop: NVML, sysfs and llama.cpp's device list
+            self.supervisor.hardware = await asyncio.to_thread(probe, bandwidth_cache=None)
         return self
+
+    @property
+    def hardware(self) -> Hardware | None:
+        return self.supervisor.hardware
+
+    async def hardware_with_bandwidth(self) -> Hardware:
+        """The snapshot plus memory bandwidth (measured once per machine, cached in SWITCHYARD_HOME)."""
+        hw: Hardware
+        if self.supervisor.hardware is not None:
+            hw = self.supervisor.hardware
+        else:
+            hw = await asyncio.to_thread(probe, bandwidth_cache=None)
+        if hw.bandwidth is None:
+            bw = await asyncio.to_thread(load_or_measure, self.paths.home / "hardware.json")
+            hw = dataclasses.replace(hw, bandwidth=bw)
+            if self.supervisor.hardware is not None:
+                self.supervisor.hardware = hw
+        return hw
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None

@@ -135,10 +135,10 @@ def test_client_disconnect_frees_the_engine_slot(
     resp.close()
     conn.close()
     t0 = time.monotonic()
-    wait_for(lambda: not any(slot["is_processing"] for slot in get(engine + "/slots")), timeout=3)
+    wait_for(lambda: not any(slot["is_processing"] for slot in get(engine + "/slots")), timeout=10)
     # 4000 tokens at ~8 ms would take ~30 s: the slot was freed by the disconnect, not by finishing
-    assert time.monotonic() - t0 < 3
-    assert wait_for(lambda: lane(s.url, "large")["in_flight"] == 0, timeout=2)
+    assert time.monotonic() - t0 < 10
+    assert wait_for(lambda: lane(s.url, "large")["in_flight"] == 0, timeout=5)
 
 
 def test_jit_swap_between_two_models(start_server: Any, tmp_path: Path, model_store: Path) -> None:

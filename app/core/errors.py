@@ -60,6 +60,14 @@ class ModelBrokenError(SwitchyardError):
     code = "model_broken"
 
 
+class ModelTooLargeError(SwitchyardError):
+    """The memory plan says the model cannot run here with these settings; the engine is not started."""
+
+    status = 503
+    type = "server_error"
+    code = "model_does_not_fit"
+
+
 class EngineStartError(SwitchyardError):
     status = 503
     type = "engine_error"

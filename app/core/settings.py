@@ -42,6 +42,9 @@ class Settings:
     stop_grace_s: float = 5.0
     drain_timeout_s: float = 30.0
     log_ring_lines: int = 2000
+    prompt_cache_mib: int = 1024
+    plan_memory: bool = True
+    enforce_fit: bool = True
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,6 +67,8 @@ class Settings:
                 raise SettingsError(f"{name} must be 0 (automatic) or a positive number")
         if self.gpu_layers < -1:
             raise SettingsError("gpu_layers must be -1 (automatic) or a number of layers")
+        if self.prompt_cache_mib < 0:
+            raise SettingsError("prompt_cache_mib must be 0 (off) or a size in MiB")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
         for model, over in self.model_overrides.items():

@@ -1,1 +1,1 @@
-"""fit"""
+"""The memory model: model layout x hardware x settings -> per-device memory, placements, context, speed."""

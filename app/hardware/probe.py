@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,12 @@ def _memory(cgroup_root: Path, self_cg: str, linux: bool) -> MemoryInfo:
         swap_free=int(sw.free),
         cgroup_limit=cgroup_memory_limit(cgroup_root, self_cgroup=self_cg) if linux else None,
     )
+
+
+def read_memory(*, proc_root: Path = Path("/proc"), cgroup_root: Path = CGROUP_ROOT) -> MemoryInfo:
+    """RAM as it is now (the static snapshot's figures go stale once engines load)."""
+    linux = sys.platform.startswith("linux")
+    return _memory(cgroup_root, _self_cgroup(proc_root) if linux else "", linux)
 
 
 def _vendor_of(text: str) -> Vendor | None:

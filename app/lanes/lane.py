@@ -123,6 +123,7 @@ class Lane:
             "restarts": self.restarts,
             "error": self.error,
             "params": self.plan.public()["params"] if self.plan else None,
+            "predicted": self.plan.predicted() if self.plan else None,
             "measured": self._measured_now(),
         }
 

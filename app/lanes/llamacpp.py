@@ -12,13 +12,19 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import EngineUnavailableError
+from app.core.errors import EngineUnavailableError, ModelTooLargeError
 from app.core.settings import Settings
+from app.fit.memory import MIB, FitParams
+from app.fit.plan import Budget, FitReport, plan_placements
+from app.formats.gguf_layout import read_gguf_layout
+from app.formats.gguf_meta import GGUFProblem
 from app.hardware.cpu import usable_cores
+from app.hardware.model import Hardware
 from app.library.catalog import ModelEntry
 
 DEFAULT_SLOT_CTX = 4096
@@ -36,6 +42,7 @@ class LlamaParams:
     gpu_layers: int
     embedding: bool
     pooling: str | None
+    cache_ram_mib: int = 1024
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -55,21 +62,72 @@ class LaunchPlan:
     health_path: str
     port: int | None  # None: the process reports its port on stdout
     params: LlamaParams
+    fit: FitReport | None = None
 
     def public(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "argv": list(self.argv), "params": dataclasses.asdict(self.params)}
 
+    def predicted(self) -> dict[str, Any] | None:
+        if self.fit is None or self.fit.chosen is None:
+            return None
+        devices = self.fit.chosen.devices
+        return {
+            "placement": self.fit.chosen.name,
+            "devices": [d.public() for d in devices],
+            "total": sum(d.total for d in devices),
+        }
 
-def plan_params(entry: ModelEntry, settings: Settings) -> LlamaParams:
+
+def requested_ctx(entry: ModelEntry, settings: Settings) -> tuple[int, bool]:
+    """(total context, whether it was chosen automatically)."""
+    assert entry.facts is not None
+    parallel = int(settings.override(entry.id, "parallel", settings.parallel))
+    ctx = int(settings.override(entry.id, "ctx_size", settings.ctx_size))
+    if ctx:
+        return ctx, False
+    # automatic: each slot gets the trained window, capped so the KV cache stays modest
+    return min(entry.facts.context_length or DEFAULT_SLOT_CTX, DEFAULT_SLOT_CTX) * parallel, True
+
+
+def fit_params(entry: ModelEntry, settings: Settings) -> FitParams:
+    mid = entry.id
+    return FitParams(
+        ctx_size=requested_ctx(entry, settings)[0],
+        parallel=int(settings.override(mid, "parallel", settings.parallel)),
+        kv_type=str(settings.override(mid, "kv_type", settings.kv_type)),
+        flash_attn=str(settings.override(mid, "flash_attn", settings.flash_attn)) != "off",
+        prompt_cache_bytes=settings.prompt_cache_mib * MIB,
+    )
+
+
+def fit_for(
+    entry: ModelEntry, settings: Settings, *, hardware: Hardware, used: Mapping[str, int] | None = None
+) -> FitReport | GGUFProblem:
+    """The memory plan for this model on this machine with these settings."""
+    layout = read_gguf_layout(list(entry.parts) or [entry.path])
+    if isinstance(layout, GGUFProblem):
+        return layout
+    explicit_layers = int(settings.override(entry.id, "gpu_layers", settings.gpu_layers))
+    return plan_placements(
+        layout,
+        hardware,
+        params=fit_params(entry, settings),
+        budget=Budget.of(hardware, used=used),
+        ctx_is_auto=requested_ctx(entry, settings)[1],
+        gpu_layers=None if explicit_layers < 0 else explicit_layers,
+    )
+
+
+def plan_params(entry: ModelEntry, settings: Settings, *, fit: FitReport | None = None) -> LlamaParams:
     assert entry.facts is not None
     facts = entry.facts
     mid = entry.id
     parallel = int(settings.override(mid, "parallel", settings.parallel))
-    trained = facts.context_length or DEFAULT_SLOT_CTX
-    ctx = int(settings.override(mid, "ctx_size", settings.ctx_size))
-    if ctx == 0:
-        # automatic: each slot gets the trained window, capped so the KV cache stays modest
-        ctx = min(trained, DEFAULT_SLOT_CTX) * parallel
+    ctx = requested_ctx(entry, settings)[0]
+    gpu_layers = int(settings.override(mid, "gpu_layers", settings.gpu_layers))
+    if fit is not None and fit.chosen is not None:  # the plan is what runs
+        ctx = fit.chosen.params.ctx_size
+        gpu_layers = fit.chosen.gpu_layers
     threads = settings.threads or usable_cores()
     return LlamaParams(
         model_path=str(entry.path),
@@ -79,9 +137,10 @@ def plan_params(entry: ModelEntry, settings: Settings) -> LlamaParams:
         threads=threads,
         kv_type=str(settings.override(mid, "kv_type", settings.kv_type)),
         flash_attn=str(settings.override(mid, "flash_attn", settings.flash_attn)),
-        gpu_layers=int(settings.override(mid, "gpu_layers", settings.gpu_layers)),
+        gpu_layers=gpu_layers,
         embedding=facts.is_embedding,
         pooling=facts.pooling_type if facts.is_embedding else None,
+        cache_ram_mib=settings.prompt_cache_mib,
     )
 
 
@@ -159,6 +218,8 @@ def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int)
         params.flash_attn,
         "--slots",
         "--metrics",
+        "--cache-ram",
+        str(params.cache_ram_mib),
     ]
     if params.gpu_layers >= 0:
         args += ["--n-gpu-layers", str(params.gpu_layers)]
@@ -167,14 +228,34 @@ def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int)
     return tuple(args)
 
 
-def build_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int) -> LaunchPlan:
-    params = plan_params(entry, settings)
+def build_plan(
+    entry: ModelEntry,
+    settings: Settings,
+    *,
+    ppid: int,
+    free_port: int,
+    hardware: Hardware | None = None,
+    used: Mapping[str, int] | None = None,
+) -> LaunchPlan:
+    """The command and parameters for this model; refuses a model that does not fit this machine."""
     runtime = choose_runtime(settings)
+    fit = None
+    if hardware is not None:
+        report = fit_for(entry, settings, hardware=hardware, used=used)
+        if isinstance(report, FitReport):
+            fit = report
+            if not report.fits and settings.enforce_fit:
+                advice = "; ".join(report.advice) or "free memory by unloading other models"
+                raise ModelTooLargeError(
+                    f"model {entry.id!r} {report.summary}; to make it fit: {advice} "
+                    f"(see `switchyard explain {entry.id}`)"
+                )
+    params = plan_params(entry, settings, fit=fit)
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if runtime == "xllamacpp":
-        return LaunchPlan(runtime, worker_argv(params, ppid=ppid), env, "/health", None, params)
+        return LaunchPlan(runtime, worker_argv(params, ppid=ppid), env, "/health", None, params, fit)
     binary = find_llama_server(settings)
     assert binary is not None
     argv = llama_server_argv(binary, params, port=free_port, ppid=ppid)
-    return LaunchPlan(runtime, argv, env, "/health", free_port, params)
+    return LaunchPlan(runtime, argv, env, "/health", free_port, params, fit)

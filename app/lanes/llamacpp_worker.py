@@ -52,6 +52,7 @@ def _common_params(x: Any, p: LlamaParams) -> Any:
     cp.endpoint_metrics = True
     cp.hostnames = ["127.0.0.1"]
     cp.port = 0
+    cp.cache_ram_mib = p.cache_ram_mib
     cp.verbosity = 4  # level 4 prints the buffer sizes that the measured footprint is read from
     if p.embedding:
         cp.embedding = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -20,6 +21,8 @@ import aiohttp
 from app.core.errors import LaneBusyError, LaneNotFoundError
 from app.core.events import EventBus
 from app.core.settings import Settings
+from app.hardware.model import Hardware
+from app.hardware.probe import read_memory
 from app.lanes.lane import Lane, LaneState, lane_slug
 from app.lanes.llamacpp import LaunchPlan, build_plan
 from app.lanes.proc import LogRing
@@ -43,6 +46,7 @@ class Supervisor:
         self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.hardware: Hardware | None = None  # set by the Runtime once probed; None: no memory planning
 
     async def __aenter__(self) -> Supervisor:
         self._http = aiohttp.ClientSession()
@@ -67,7 +71,30 @@ class Supervisor:
     def _plan_factory(self, entry: ModelEntry) -> LaunchPlan:
         # re-read the catalog at each start: the file may have changed or vanished since
         fresh = self.catalog.get(entry.id)
-        return build_plan(fresh, self.settings, ppid=os.getpid(), free_port=free_port())
+        hw = self.hardware
+        if hw is not None:
+            # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,
+            # so subtract what the other loaded lanes were planned to take there
+            hw = dataclasses.replace(hw, memory=read_memory())
+        return build_plan(
+            fresh,
+            self.settings,
+            ppid=os.getpid(),
+            free_port=free_port(),
+            hardware=hw,
+            used=self.gpu_used(exclude=entry.id),
+        )
+
+    def gpu_used(self, *, exclude: str | None = None) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for lane in self.lanes.values():
+            if lane.id == exclude or lane.state not in (LaneState.READY, LaneState.STARTING) or not lane.plan:
+                continue
+            pred = lane.plan.predicted()
+            for d in pred["devices"] if pred else ():
+                if d["device"] != "CPU":
+                    used[d["device"]] = used.get(d["device"], 0) + int(d["total"])
+        return used
 
     def lane_for(self, entry: ModelEntry) -> Lane:
         lane = self.lanes.get(entry.id)

@@ -1,0 +1,316 @@
+"""Placements of a GGUF model on this machine: all on the GPU, N layers on the GPU, CPU only.
+
+For each: the memory per device, whether it fits at the requested context, the largest context
+that fits beside what is already loaded, and a speed estimate from memory bandwidth (bytes read
+per generated token). The verdict says which one runs, or what would make the model fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.fit.memory import CTX_PAD, KV_TYPE_BYTES, MIB, DeviceUse, FitParams, breakdown, kv_bytes_per_cell
+from app.formats.gguf_layout import GGUFLayout
+from app.hardware.model import GPUInfo, Hardware
+
+GIB = 1 << 30
+# bits per weight of common GGUF file types, for "a smaller quantization would need ..." advice
+BPW = {
+    "all_f32": 32.0,
+    "mostly_f16": 16.0,
+    "mostly_bf16": 16.0,
+    "mostly_q8_0": 8.5,
+    "mostly_q6_k": 6.56,
+    "mostly_q5_k_m": 5.69,
+    "mostly_q5_k_s": 5.54,
+    "mostly_q4_k_m": 4.85,
+    "mostly_q4_k_s": 4.58,
+    "mostly_q4_0": 4.55,
+    "mostly_q3_k_m": 3.91,
+    "mostly_q2_k": 3.35,
+}
+SMALLER = (("Q4_K_M", 4.85), ("Q3_K_M", 3.91), ("Q2_K", 3.35))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes each device may still take for this model."""
+
+    devices: dict[str, int]
+
+    @classmethod
+    def of(cls, hw: Hardware, *, used: Mapping[str, int] | None = None) -> Budget:
+        used = used or {}
+        avail = hw.memory.available or 0
+        total = hw.memory.effective_total or avail
+        host = max(0, avail - min(GIB, total // 10) - used.get("CPU", 0))  # leave the OS some room
+        out = {"CPU": host}
+        for i, gpu in enumerate(offload_gpus(hw)):
+            if gpu.unified_memory:  # Apple: Metal may wire about three quarters of RAM
+                free = int((hw.memory.total or 0) * 0.75)
+            else:
+                free = gpu.memory_free or 0
+            out[f"GPU{i}"] = max(0, free - 256 * MIB - used.get(f"GPU{i}", 0))
+        return cls(out)
+
+
+def offload_gpus(hw: Hardware) -> tuple[GPUInfo, ...]:
+    """GPUs llama.cpp can offload to, with a known memory size."""
+    return tuple(
+        g for g in hw.gpus if (g.memory_free is not None or g.unified_memory) and g.vendor is not None
+    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str  # "gpu", "partial", "cpu"
+    gpu_layers: int
+    params: FitParams
+    devices: tuple[DeviceUse, ...]
+    fits: bool
+    max_ctx: int | None  # the largest total context that fits this placement (None: not even the minimum)
+    tokens_per_s: float | None
+    speed_note: str
+    short_by: dict[str, int] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "gpu_layers": self.gpu_layers,
+            "ctx_size": self.params.ctx_size,
+            "parallel": self.params.parallel,
+            "kv_type": self.params.kv_type,
+            "fits": self.fits,
+            "max_ctx": self.max_ctx,
+            "tokens_per_s": self.tokens_per_s,
+            "speed_note": self.speed_note,
+            "devices": [d.public() for d in self.devices],
+            "short_by": self.short_by,
+        }
+
+
+@dataclass(frozen=True)
+class FitReport:
+    verdict: str  # "gpu", "partial", "cpu", "too_large"
+    summary: str
+    chosen: Placement | None
+    placements: tuple[Placement, ...]
+    advice: tuple[str, ...]
+    budget: dict[str, int]
+    ctx_reduced_from: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen is not None
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "fits": self.fits,
+            "chosen": self.chosen.public() if self.chosen else None,
+            "placements": [p.public() for p in self.placements],
+            "advice": list(self.advice),
+            "budget": self.budget,
+            "ctx_reduced_from": self.ctx_reduced_from,
+        }
+
+
+def _uses(layout: GGUFLayout, params: FitParams, n_gpus: int) -> tuple[DeviceUse, ...]:
+    return breakdown(layout, params=params, gpu_devices=n_gpus if params.gpu_layers > 0 else 0)
+
+
+def _short_by(uses: tuple[DeviceUse, ...], budget: Budget) -> dict[str, int]:
+    return {
+        u.device: u.total - budget.devices.get(u.device, 0)
+        for u in uses
+        if u.total > budget.devices.get(u.device, 0)
+    }
+
+
+def _fits(layout: GGUFLayout, params: FitParams, n_gpus: int, budget: Budget) -> bool:
+    return not _short_by(_uses(layout, params, n_gpus), budget)
+
+
+def largest_ctx(
+    layout: GGUFLayout, params: FitParams, n_gpus: int, budget: Budget, *, ceiling: int
+) -> int | None:
+    """The largest total context (per-slot multiples of 256) that fits, up to `ceiling`; None if none does."""
+    step = CTX_PAD * params.parallel
+    lo, hi = 1, max(1, ceiling // step)
+    if not _fits(layout, dataclasses.replace(params, ctx_size=lo * step), n_gpus, budget):
+        return None
+    while lo < hi:  # memory grows with context: bisect on the number of steps
+        mid = (lo + hi + 1) // 2
+        if _fits(layout, dataclasses.replace(params, ctx_size=mid * step), n_gpus, budget):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * step
+
+
+def _speed(layout: GGUFLayout, hw: Hardware, p: FitParams, n_gpus: int) -> tuple[float | None, str]:
+    """Tokens/s from memory bandwidth: every active weight and half the context's KV are read per token."""
+    active = sum(layout.layer_bytes) + layout.output_bytes
+    if layout.expert_count and layout.expert_used_count:
+        active = int(
+            active * max(layout.expert_used_count / layout.expert_count, 0.1)
+        )  # rough: experts dominate
+    kv = kv_bytes_per_cell(layout, kv_type=p.kv_type) * p.ctx_per_seq / 2
+    if p.gpu_layers > 0 and n_gpus:
+        return None, "GPU memory bandwidth is not reported by the driver; measured speed shows after a load"
+    if hw.bandwidth is None:
+        return None, "memory bandwidth not measured yet"
+    bw = hw.bandwidth.all_cores / 2  # the copy figure counts read + write; a token only reads
+    return round(bw / max(1.0, active + kv), 1), "estimated from measured memory bandwidth (all cores)"
+
+
+def plan_placements(
+    layout: GGUFLayout,
+    hw: Hardware,
+    *,
+    params: FitParams,
+    budget: Budget,
+    ceiling: int | None = None,
+    ctx_is_auto: bool = True,
+    gpu_layers: int | None = None,
+) -> FitReport:
+    """Evaluate every placement at `params.ctx_size` and pick the best that fits.
+
+    With `ctx_is_auto` a context that does not fit is shrunk to the largest that does (never below one
+    256-cell page per slot); an explicit context is never changed: the report refuses it and says the
+    largest that fits. `gpu_layers` fixes the placement instead of searching for the best one.
+    """
+    n = layout.block_count
+    gpus = offload_gpus(hw)
+    ceiling = ceiling or max(params.ctx_size, (layout.context_length or params.ctx_per_seq) * params.parallel)
+    candidates: list[tuple[str, int]] = []
+    if gpus:
+        candidates.append(("gpu", n + 1))
+    candidates_cpu = ("cpu", 0)
+    placements: list[Placement] = []
+    if gpu_layers is not None:
+        layers = gpu_layers if gpus else 0
+        name = "cpu" if layers <= 0 else "gpu" if layers > n else "partial"
+        placements.append(_placement(layout, hw, params, name, max(0, layers), len(gpus), budget, ceiling))
+    else:
+        for name, layers in candidates:
+            placements.append(_placement(layout, hw, params, name, layers, len(gpus), budget, ceiling))
+        if gpus and not placements[0].fits:
+            best = _most_layers(layout, params, len(gpus), budget)
+            if best > 0:
+                placements.append(_placement(layout, hw, params, "partial", best, len(gpus), budget, ceiling))
+        placements.append(_placement(layout, hw, params, *candidates_cpu, len(gpus), budget, ceiling))
+    chosen = next((p for p in placements if p.fits), None)
+    reduced_from = None
+    if chosen is None and ctx_is_auto:
+        for p in placements:
+            if p.max_ctx:
+                shrunk = dataclasses.replace(params, ctx_size=p.max_ctx)
+                chosen = _placement(layout, hw, shrunk, p.name, p.gpu_layers, len(gpus), budget, ceiling)
+                reduced_from = params.ctx_size
+                placements = [chosen if q is p else q for q in placements]
+                break
+    return _report(layout, hw, params, placements, chosen, budget, reduced_from)
+
+
+def _most_layers(layout: GGUFLayout, params: FitParams, n_gpus: int, budget: Budget) -> int:
+    lo, hi = 0, layout.block_count
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(layout, dataclasses.replace(params, gpu_layers=mid), n_gpus, budget):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _placement(
+    layout: GGUFLayout,
+    hw: Hardware,
+    params: FitParams,
+    name: str,
+    layers: int,
+    n_gpus: int,
+    budget: Budget,
+    ceiling: int,
+) -> Placement:
+    p = dataclasses.replace(params, gpu_layers=layers)
+    uses = _uses(layout, p, n_gpus)
+    short = _short_by(uses, budget)
+    speed, note = _speed(layout, hw, p, n_gpus)
+    return Placement(
+        name=name,
+        gpu_layers=layers,
+        params=p,
+        devices=uses,
+        fits=not short,
+        max_ctx=largest_ctx(layout, p, n_gpus, budget, ceiling=ceiling),
+        tokens_per_s=speed,
+        speed_note=note,
+        short_by=short,
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
+
+
+def _report(
+    layout: GGUFLayout,
+    hw: Hardware,
+    params: FitParams,
+    placements: list[Placement],
+    chosen: Placement | None,
+    budget: Budget,
+    reduced_from: int | None,
+) -> FitReport:
+    if chosen is not None:
+        total = sum(d.total for d in chosen.devices)
+        speed = f", about {chosen.tokens_per_s:g} tokens/s" if chosen.tokens_per_s else ""
+        where = {
+            "gpu": "fits on the GPU",
+            "partial": f"partial offload: {chosen.gpu_layers} of {layout.block_count} layers on the GPU",
+            "cpu": "runs on the CPU only",
+        }[chosen.name]
+        ctx = f" at context {chosen.params.ctx_size}"
+        if reduced_from:
+            ctx += f" (reduced from {reduced_from} to fit)"
+        return FitReport(
+            chosen.name,
+            f"{where}{ctx}, using {_gib(total)}{speed}",
+            chosen,
+            tuple(placements),
+            (),
+            budget.devices,
+            reduced_from,
+        )
+    cpu = placements[-1]
+    need = sum(d.total for d in cpu.devices)
+    have = budget.devices.get("CPU", 0) + sum(v for k, v in budget.devices.items() if k != "CPU")
+    advice = list(_advice(layout, params, cpu, budget))
+    best_ctx = max((p.max_ctx or 0) for p in placements)
+    if best_ctx:
+        advice.insert(0, f"a context of {best_ctx} or less fits (asked for {params.ctx_size})")
+    summary = f"does not fit: needs {_gib(need)} on the CPU path, {_gib(have)} is free"
+    return FitReport("too_large", summary, None, tuple(placements), tuple(advice), budget.devices)
+
+
+def _advice(layout: GGUFLayout, params: FitParams, cpu: Placement, budget: Budget) -> list[str]:
+    out: list[str] = []
+    kv = sum(d.kv_cache for d in cpu.devices)
+    if params.kv_type in ("f16", "bf16", "f32") and kv > 64 * MIB:
+        saved = int(kv * (1 - KV_TYPE_BYTES["q8_0"] / KV_TYPE_BYTES[params.kv_type]))
+        out.append(f"a q8_0 KV cache would save {_gib(saved)} (--kv-type q8_0)")
+    bpw = BPW.get(layout.file_type or "")
+    weights = sum(d.weights for d in cpu.devices)
+    if bpw:
+        for name, target in SMALLER:
+            if target < bpw:
+                need = _gib(int(weights * target / bpw))
+                out.append(f"a {name} quantization of this model would need about {need} for its weights")
+                break
+    return out
