@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core.errors import ServerNotRunningError, SwitchyardError
+from app.core.errors import ServerNotRunningError, SettingsError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import DEFAULT_PORT, FLASH_ATTN, KV_TYPES, RUNTIMES, Settings, load_settings
 
@@ -61,6 +61,28 @@ def _parser() -> argparse.ArgumentParser:
     ps = sub.add_parser("ps", help="show the lanes of the running server")
     ps.add_argument("--url", help="server address (default: the one the running server recorded)")
     ps.add_argument("--json", action="store_true", help="machine-readable output")
+
+    ex = sub.add_parser("explain", help="which lane would run a model, why, and whether it fits")
+    ex.add_argument("model", help="a model id from `switchyard ls`, or a path to a model file or folder")
+    _models_dir_arg(ex)
+    ex.add_argument("--ctx-size", type=int, help="evaluate at this total context")
+    ex.add_argument("--parallel", type=int, help="evaluate with this many slots")
+    ex.add_argument("--kv-type", choices=KV_TYPES, help="evaluate with this KV cache type")
+    ex.add_argument("--gpu-layers", type=int, help="evaluate this many GPU layers instead of searching")
+    ex.add_argument("--url", help="ask this running server (default: the one recorded, if it answers)")
+    ex.add_argument("--local", action="store_true", help="do not ask a running server")
+    ex.add_argument("--json", action="store_true", help="machine-readable output")
+
+    doc = sub.add_parser("doctor", help="hardware, engines and anything wrong with this machine's set-up")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+
+    pin = sub.add_parser("pin", help="always run a model on one lane (refused if that lane cannot run it)")
+    pin.add_argument("model", help="model id")
+    pin.add_argument(
+        "lane", nargs="?", help="llama.cpp, mistral.rs, mlx, vllm, sglang, sd.cpp, whisper.cpp, piper"
+    )
+    pin.add_argument("--clear", action="store_true", help="remove the pin")
+    _models_dir_arg(pin)
 
     sub.add_parser("version", help="print the version")
     sub.add_parser("gui", help="open the desktop window (default)")
@@ -191,6 +213,85 @@ def cmd_ps(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
+    from app.core.pins import load_pins
+    from app.explain import entry_for_path, explain
+    from app.hardware.probe import probe
+    from app.library.catalog import Catalog
+
+    settings = _settings(args, paths)
+    target = Path(args.model).expanduser()
+    if target.exists():
+        entry = entry_for_path(target.resolve())
+    else:
+        entry = Catalog(settings.models_dirs or (paths.models,)).get(args.model, allow_broken=True)
+    hw = probe(bandwidth_cache=paths.hardware_cache)
+    return explain(entry, settings=settings, hardware=hw, pins=load_pins(paths.pins_file))
+
+
+def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | None:
+    if args.local or Path(args.model).expanduser().exists():
+        return None
+    overrides = any(
+        getattr(args, k, None) is not None for k in ("ctx_size", "parallel", "kv_type", "gpu_layers")
+    )
+    if overrides or args.models_dirs:
+        return None  # the server explains with its own settings; evaluate these here
+    url = _server_url(args, paths)
+    try:
+        with urllib.request.urlopen(f"{url}/api/models/{args.model}/explain", timeout=30) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read() or b"{}").get("error", {})
+        raise SwitchyardError(body.get("message") or f"server answered HTTP {exc.code}") from exc
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def cmd_explain(args: argparse.Namespace, paths: Paths) -> int:
+    from app.explain import render
+
+    doc = _remote_explain(args, paths) or _local_explain(args, paths)
+    print(json.dumps(doc, indent=2) if args.json else render(doc))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
+    from app.doctor import doctor, render_doctor
+
+    report = doctor(paths, settings=load_settings(paths.settings_file))
+    print(json.dumps(report, indent=2) if args.json else render_doctor(report))
+    return 1 if any(p["level"] == "error" for p in report["problems"]) else 0
+
+
+def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
+    from app.core.pins import load_pins, save_pins
+    from app.explain import explain_pin
+
+    pins = load_pins(paths.pins_file)
+    if args.clear:
+        removed = pins.pop(args.model, None)
+        save_pins(paths.pins_file, pins)
+        print(f"unpinned {args.model}" if removed else f"{args.model} was not pinned")
+        return 0
+    if not args.lane:
+        print(
+            f"{args.model}: pinned to {pins[args.model]}"
+            if args.model in pins
+            else f"{args.model}: not pinned"
+        )
+        return 0
+    settings = _settings(args, paths)
+    refusal = explain_pin(args.model, args.lane, settings=settings, paths=paths)
+    if refusal:
+        raise SettingsError(f"cannot pin {args.model} to {args.lane}: {refusal}")
+    pins[args.model] = args.lane
+    paths.home.mkdir(parents=True, exist_ok=True)
+    save_pins(paths.pins_file, pins)
+    print(f"pinned {args.model} to {args.lane} (a running server picks it up at its next start)")
+    return 0
+
+
 def cmd_gui(args: argparse.Namespace, paths: Paths) -> int:
     try:
         from app.ui.main import run_gui  # type: ignore[import-not-found]
@@ -207,7 +308,16 @@ def cmd_gui(args: argparse.Namespace, paths: Paths) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     paths = Paths.from_env()
-    commands = {"serve": cmd_serve, "ls": cmd_ls, "ps": cmd_ps, "gui": cmd_gui, None: cmd_gui}
+    commands = {
+        "serve": cmd_serve,
+        "ls": cmd_ls,
+        "ps": cmd_ps,
+        "gui": cmd_gui,
+        None: cmd_gui,
+        "explain": cmd_explain,
+        "doctor": cmd_doctor,
+        "pin": cmd_pin,
+    }
     try:
         if args.command == "version":
             print(f"switchyard {__version__}")

@@ -45,6 +45,14 @@ class Paths:
         return self.home / "settings.json"
 
     @property
+    def pins_file(self) -> Path:
+        return self.home / "pins.json"
+
+    @property
+    def hardware_cache(self) -> Path:
+        return self.home / "hardware.json"
+
+    @property
     def server_file(self) -> Path:
         """Written by a running `serve` so `switchyard ps` can find it."""
         return self.home / "server.json"

@@ -42,7 +42,7 @@ class Settings:
     stop_grace_s: float = 5.0
     drain_timeout_s: float = 30.0
     log_ring_lines: int = 2000
-    prompt_cache_mib: int = 1024
+    prompt_cache_mib: int = 512
     plan_memory: bool = True
     enforce_fit: bool = True
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -64,10 +64,13 @@ class DeviceUse:
     compute: int = 0
     projector: int = 0
     overhead: int = 0
+    prompt_cache: int = 0  # the server's host-RAM prompt cache: a cap it grows to, not an upfront allocation
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute + self.projector + self.overhead
+        return (
+            self.weights + self.kv_cache + self.compute + self.projector + self.overhead + self.prompt_cache
+        )
 
     def public(self) -> dict[str, Any]:
         return {
@@ -77,6 +80,7 @@ class DeviceUse:
             "compute": self.compute,
             "projector": self.projector,
             "overhead": self.overhead,
+            "prompt_cache": self.prompt_cache,
             "total": self.total,
         }
 
@@ -175,7 +179,8 @@ def breakdown(
         kv_cache=kv_host,
         compute=compute if not on_gpu else compute // 8,  # the host keeps a small buffer on offload
         projector=projector_bytes if not gpu_devices else 0,
-        overhead=HOST_BASELINE + params.prompt_cache_bytes,
+        overhead=HOST_BASELINE,
+        prompt_cache=params.prompt_cache_bytes,
     )
     if not gpu_devices:
         return (host,)

@@ -255,6 +255,10 @@ def _placement(
     )
 
 
+def rate(tps: float) -> str:
+    return f"{tps:.0f}" if tps >= 100 else f"{tps:.1f}"
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
@@ -270,7 +274,7 @@ def _report(
 ) -> FitReport:
     if chosen is not None:
         total = sum(d.total for d in chosen.devices)
-        speed = f", about {chosen.tokens_per_s:g} tokens/s" if chosen.tokens_per_s else ""
+        speed = f", about {rate(chosen.tokens_per_s)} tokens/s" if chosen.tokens_per_s else ""
         where = {
             "gpu": "fits on the GPU",
             "partial": f"partial offload: {chosen.gpu_layers} of {layout.block_count} layers on the GPU",

@@ -54,14 +54,44 @@ __all__ = [
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation refuses larger headers too
 DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-    "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-}  # fmt: skip
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+}
 _AUX_SUFFIXES = (
-    ".qzeros", ".scales", ".g_idx", ".biases", "weight_scale", "weight_scale_inv", "weight_zero_point",
-    "weight_g_idx", "weight_shape", "input_scale", "weight_global_scale", "input_global_scale",
-    "output_scale", "k_scale", "v_scale", "activation_scale", ".SCB", ".weight_format", "_scales",
-)  # fmt: skip
+    ".qzeros",
+    ".scales",
+    ".g_idx",
+    ".biases",
+    "weight_scale",
+    "weight_scale_inv",
+    "weight_zero_point",
+    "weight_g_idx",
+    "weight_shape",
+    "input_scale",
+    "weight_global_scale",
+    "input_global_scale",
+    "output_scale",
+    "k_scale",
+    "v_scale",
+    "activation_scale",
+    ".SCB",
+    ".weight_format",
+    "_scales",
+)
 _AUX_PARTS = (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.")
 
 

@@ -25,9 +25,20 @@ GGML_MAGIC = 0x67676D6C
 _HPARAMS = struct.Struct("<I11i")
 # whisper.cpp's ggml_ftype values (after removing the quantization version, ftype % 1000).
 _GGML_FTYPES = {
-    0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 4: "q4_1_some_f16", 7: "q8_0", 8: "q5_0", 9: "q5_1",
-    10: "q2_k", 11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k",
-}  # fmt: skip
+    0: "f32",
+    1: "f16",
+    2: "q4_0",
+    3: "q4_1",
+    4: "q4_1_some_f16",
+    7: "q8_0",
+    8: "q5_0",
+    9: "q5_1",
+    10: "q2_k",
+    11: "q3_k",
+    12: "q4_k",
+    13: "q5_k",
+    14: "q6_k",
+}
 _SIZES = {4: "tiny", 6: "base", 12: "small", 24: "medium", 32: "large"}  # by n_audio_layer
 
 

@@ -42,7 +42,7 @@ class LlamaParams:
     gpu_layers: int
     embedding: bool
     pooling: str | None
-    cache_ram_mib: int = 1024
+    cache_ram_mib: int = 512
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -113,8 +113,10 @@ class Catalog:
     def ids(self) -> list[str]:
         return [e.id for e in self._entries.values() if e.ok]
 
-    def get(self, model_id: str) -> ModelEntry:
-        """The entry for a servable model; rescans once on a miss (a file may have just arrived)."""
+    def get(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
+        """The entry for a servable model; rescans once on a miss (a file may have just arrived).
+
+        `allow_broken` returns a broken entry instead of raising (to explain why it is broken)."""
         entry = self._entries.get(model_id)
         if entry is None or not entry.path.exists():
             self.scan()
@@ -126,6 +128,6 @@ class Catalog:
             raise ModelNotFoundError(
                 f"model {model_id!r} does not exist; available models: {known}", param="model"
             )
-        if not entry.ok:
+        if not entry.ok and not allow_broken:
             raise ModelBrokenError(f"model {model_id!r} cannot be served: {entry.problem}", param="model")
         return entry

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 
 from aiohttp import web
 
 from app import __version__
 from app.core.errors import BadRequestError
+from app.core.pins import load_pins
+from app.explain import explain
+from app.hardware.probe import read_memory
 from app.server.keys import RUNTIME
 
 routes = web.RouteTableDef()
@@ -95,3 +99,31 @@ async def events(request: web.Request) -> web.StreamResponse:
                 payload = json.dumps({"ts": ev.ts, **ev.data})
                 await resp.write(f"event: {ev.kind}\ndata: {payload}\n\n".encode())
     return resp
+
+
+@routes.get("/api/models/{model_id:.+}/explain")
+async def explain_model(request: web.Request) -> web.Response:
+    """The routing decision and memory plan, beside what is loaded now (and its measured footprint)."""
+    rt = request.app[RUNTIME]
+    model = request.match_info["model_id"]
+    request["model"] = model
+    entry = rt.catalog.get(model, allow_broken=True)
+    hw = await rt.hardware_with_bandwidth()
+    pins = load_pins(rt.paths.pins_file)
+    lane = rt.supervisor.lanes.get(model)
+    doc = await asyncio.to_thread(
+        explain,
+        entry,
+        settings=rt.settings,
+        hardware=dataclasses.replace(hw, memory=read_memory()),
+        pins=pins,
+        used=rt.supervisor.gpu_used(exclude=model),
+        lane=lane.snapshot() if lane else None,
+    )
+    return web.json_response(doc)
+
+
+@routes.get("/api/hardware")
+async def hardware(request: web.Request) -> web.Response:
+    hw = await request.app[RUNTIME].hardware_with_bandwidth()
+    return web.json_response(dataclasses.replace(hw, memory=read_memory()).public())

@@ -1,0 +1,121 @@
+"""`switchyard doctor`: the hardware snapshot, each lane's install state, and anything wrong."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from typing import Any
+
+from app.core.errors import SettingsError
+from app.core.paths import Paths
+from app.core.pins import load_pins
+from app.core.settings import Settings
+from app.hardware.probe import probe
+from app.lanes.installed import installed_lanes
+from app.library.catalog import Catalog
+
+LOW_DISK = 10 << 30
+
+
+def _problem(level: str, message: str) -> dict[str, str]:
+    return {"level": level, "message": message}
+
+
+def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
+    problems: list[dict[str, str]] = []
+    hw = probe(bandwidth_cache=paths.hardware_cache)
+    for note in hw.notes:
+        # NVML absent on a machine without an NVIDIA card is normal; say it quietly
+        problems.append(_problem("info", note))
+    if not hw.gpus:
+        problems.append(_problem("info", "no GPU found: models run on the CPU"))
+    lanes = installed_lanes(settings)
+    if not lanes["llama.cpp"].installed:
+        problems.append(
+            _problem("error", "no llama.cpp runtime: `pip install xllamacpp` or put llama-server on PATH")
+        )
+    paths.home.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(paths.home).free
+    if free < LOW_DISK:
+        problems.append(
+            _problem(
+                "warning",
+                f"only {free / (1 << 30):.1f} GiB free in {paths.home}: "
+                "downloads of large models will not fit",
+            )
+        )
+    try:
+        load_pins(paths.pins_file)
+    except SettingsError as exc:
+        problems.append(_problem("error", exc.message))
+    dirs = settings.models_dirs or (paths.models,)
+    entries = Catalog(dirs).scan()
+    for e in entries:
+        if not e.ok:
+            problems.append(_problem("warning", f"model {e.id} ({e.path}) is broken: {e.problem}"))
+    with socket.socket() as s:
+        try:
+            s.bind((settings.host, settings.port))
+        except OSError:
+            problems.append(
+                _problem(
+                    "info",
+                    f"port {settings.port} is in use (a running Switchyard server, or "
+                    "another program: `switchyard serve --port N` picks another)",
+                )
+            )
+    return {
+        "home": str(paths.home),
+        "disk_free": free,
+        "hardware": hw.public(),
+        "lanes": [
+            {"lane": ln.lane, "installed": ln.installed, "version": ln.version, "note": ln.note}
+            for ln in lanes.values()
+        ],
+        "models": {
+            "dirs": [str(d) for d in dirs],
+            "servable": sum(e.ok for e in entries),
+            "broken": sum(not e.ok for e in entries),
+        },
+        "problems": problems,
+    }
+
+
+def render_doctor(r: dict[str, Any]) -> str:
+    hw = r["hardware"]
+    gib = 1 << 30
+    mem = hw["memory"]
+    lines = [
+        f"home:      {r['home']} ({r['disk_free'] / gib:.1f} GiB free)",
+        f"system:    {hw['os']} {hw['arch']}",
+        f"cpu:       {hw['cpu']['model_name'] or 'unknown'}; {hw['cpu']['usable_cores']} usable cores "
+        f"(of {hw['cpu']['logical_cores'] or '?'} logical)",
+        f"memory:    {(mem['total'] or 0) / gib:.1f} GiB total, "
+        f"{(mem['available'] or 0) / gib:.1f} GiB available"
+        + (f", cgroup limit {mem['cgroup_limit'] / gib:.1f} GiB" if mem.get("cgroup_limit") else ""),
+    ]
+    bw = hw.get("bandwidth")
+    if bw:
+        lines.append(
+            f"bandwidth: {bw['single_core'] / 1e9:.1f} GB/s one core, {bw['all_cores'] / 1e9:.1f} GB/s "
+            f"all cores (copy)"
+        )
+    for g in hw["gpus"] or []:
+        total = f"{g['memory_total'] / gib:.1f} GiB" if g["memory_total"] else "shared memory"
+        lines.append(
+            f"gpu {g['index']}:     {g['name']} ({g['vendor']}), {total}, driver {g['driver_version'] or '?'}"
+        )
+    for d in hw["engine_devices"]:
+        lines.append(f"llama.cpp: sees {d['name']} ({d['description']})")
+    lines.append("lanes:")
+    for ln in r["lanes"]:
+        state = "installed" if ln["installed"] else "not available"
+        extra = f" - {ln['version']}" if ln["version"] else ""
+        note = f" ({ln['note']})" if ln["note"] else ""
+        lines.append(f"  {ln['lane']:<12} {state}{extra}{note}")
+    m = r["models"]
+    lines.append(f"models:    {m['servable']} servable, {m['broken']} broken in {', '.join(m['dirs'])}")
+    if r["problems"]:
+        lines.append("notes:")
+        lines += [f"  [{p['level']}] {p['message']}" for p in r["problems"]]
+    return "\n".join(lines)

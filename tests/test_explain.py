@@ -1,0 +1,144 @@
+"""`switchyard explain`, `doctor` and `pin` as a user runs them, and the explain/hardware admin routes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, link_models
+from tests.modelgen import write_diffusers
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "SWITCHYARD_HOME": str(home), "HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path, model_store: Path, large_model: Path) -> Path:
+    h = tmp_path / "h"
+    models = link_models(h / "models", model_store / "tiny.gguf", model_store / "embed.gguf", large_model)
+    (models / "broken.gguf").write_bytes(b"GGUF" + b"\x00" * 16)
+    return h
+
+
+def test_explain_json_has_decision_and_fit(home: Path) -> None:
+    out = cli(home, "explain", "tiny", "--json", "--local")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    d = doc["decision"]
+    assert d["lane"] == "llama.cpp" and d["format"] == "gguf" and d["reasons"]
+    assert {r["lane"] for r in d["rejections"]} == {
+        "mistral.rs",
+        "mlx",
+        "vllm",
+        "sglang",
+        "sd.cpp",
+        "whisper.cpp",
+        "piper",
+    }
+    fit = doc["fit"]
+    assert fit["verdict"] == "cpu" and fit["fits"]
+    cpu = fit["chosen"]["devices"][0]
+    assert cpu["device"] == "CPU" and cpu["weights"] > 0 and cpu["kv_cache"] == 2 << 20  # 8192 cells of tiny
+    assert fit["chosen"]["tokens_per_s"] > 0  # bandwidth was measured and cached for the estimate
+    assert (home / "hardware.json").exists()
+    assert doc["requested"] == {"ctx_size": 8192, "ctx_auto": True, "parallel": 4, "kv_type": "f16"}
+
+
+def test_explain_text(home: Path) -> None:
+    out = cli(home, "explain", "large", "--local", "--parallel", "1")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "lane:   llama.cpp" in text and "turned down:" in text
+    assert "placements:" in text and "largest context" in text and "tok/s" in text
+    assert "weights" in text and "KV cache" in text
+
+
+def test_explain_a_model_that_does_not_fit(home: Path) -> None:
+    out = cli(home, "explain", "large", "--json", "--local", "--ctx-size", str(8 << 20), "--parallel", "1")
+    doc = json.loads(out.stdout)
+    fit = doc["fit"]
+    assert fit["verdict"] == "too_large" and not fit["fits"] and fit["chosen"] is None
+    assert any("context of" in a for a in fit["advice"]) and any("q8_0" in a for a in fit["advice"])
+    assert doc["decision"]["lane"] is None
+    assert doc["decision"]["rejections"][0]["kind"] == "does_not_fit"
+
+
+def test_explain_broken_unknown_and_other_formats(home: Path, tmp_path: Path) -> None:
+    broken = json.loads(cli(home, "explain", "broken", "--json", "--local").stdout)
+    assert broken["decision"]["lane"] is None and "corrupt or the file is truncated" in broken["problem"]
+    missing = cli(home, "explain", "nope", "--local")
+    assert missing.returncode == 2 and "tiny" in missing.stderr and "does not exist" in missing.stderr
+    pipe = tmp_path / "sd-pipeline"
+    write_diffusers(pipe)
+    doc = json.loads(cli(home, "explain", str(pipe), "--json").stdout)
+    assert doc["format"] == "diffusers" and doc["fit"] is None and "no memory model" in doc["fit_problem"]
+    sd = {r["lane"]: r for r in doc["decision"]["rejections"]}["sd.cpp"]
+    assert sd["kind"] == "not_installed" and "no sd.cpp lane yet" in sd["message"]
+
+
+def test_doctor(home: Path) -> None:
+    out = cli(home, "doctor", "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    lanes = {ln["lane"]: ln for ln in r["lanes"]}
+    assert lanes["llama.cpp"]["installed"] and "xllamacpp" in lanes["llama.cpp"]["version"]
+    assert r["hardware"]["cpu"]["usable_cores"] >= 1 and r["hardware"]["memory"]["total"] > 0
+    assert r["models"] == {"dirs": [str(home / "models")], "servable": 3, "broken": 1}
+    assert any("broken.gguf" in p["message"] and p["level"] == "warning" for p in r["problems"])
+    text = cli(home, "doctor").stdout
+    assert "lanes:" in text and "llama.cpp    installed" in text and "usable cores" in text
+
+
+def test_pin_accepts_refuses_and_clears(home: Path) -> None:
+    refused = cli(home, "pin", "tiny", "mistral.rs")
+    assert refused.returncode == 2 and "cannot pin tiny to mistral.rs" in refused.stderr
+    assert not (home / "pins.json").exists()
+    wrong = cli(home, "pin", "tiny", "vllm")
+    assert wrong.returncode == 2 and "vllm" in wrong.stderr.lower()
+    ok = cli(home, "pin", "tiny", "llama.cpp")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((home / "pins.json").read_text()) == {"tiny": "llama.cpp"}
+    assert "pinned to llama.cpp" in cli(home, "pin", "tiny").stdout
+    doc = json.loads(cli(home, "explain", "tiny", "--json", "--local").stdout)
+    assert doc["decision"]["pinned"] is True
+    assert cli(home, "pin", "tiny", "--clear").returncode == 0
+    assert json.loads((home / "pins.json").read_text()) == {}
+    (home / "pins.json").write_text("{broken")
+    bad = cli(home, "explain", "tiny", "--local")
+    assert bad.returncode == 2 and "pins.json is not valid JSON" in bad.stderr
+
+
+def get(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_explain_over_http_shows_predicted_and_measured(start_server: Any, home: Path) -> None:
+    import urllib.request
+
+    s = start_server(home / "models")
+    urllib.request.urlopen(
+        urllib.request.Request(s.url + "/api/models/tiny/load", data=b"", method="POST"), timeout=60
+    ).read()
+    doc = get(s.url + "/api/models/tiny/explain")
+    loaded = doc["loaded"]
+    assert loaded["state"] == "ready"
+    pred = {d["device"]: d for d in loaded["predicted"]["devices"]}["CPU"]
+    meas = loaded["measured"]["devices"]["CPU"]
+    assert pred["kv_cache"] == meas["kv_cache"] and pred["weights"] > 0 and meas["weights"] > 0
+    hw = get(s.url + "/api/hardware")
+    assert hw["cpu"]["usable_cores"] >= 1 and hw["bandwidth"]["all_cores"] > 0
+    # the CLI asks the running server, so it can show what is loaded
+    text = cli(s.home, "explain", "tiny").stdout
+    assert "predicted vs measured" in text and "engine process RSS" in text
