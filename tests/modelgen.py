@@ -451,9 +451,18 @@ def write_whisper_ggml(path: Path, spec: WhisperSpec = WhisperSpec(), *, tokens:
     """A whisper.cpp ggml file: magic, hparams, mel filters, vocabulary, one tensor. Returns its size."""
     path.parent.mkdir(parents=True, exist_ok=True)
     hp = (
-        spec.n_vocab, spec.n_audio_ctx, spec.n_audio_state, spec.n_audio_head, spec.n_audio_layer,
-        spec.n_text_ctx, spec.n_text_state, spec.n_text_head, spec.n_text_layer, spec.n_mels, spec.ftype,
-    )  # fmt: skip
+        spec.n_vocab,
+        spec.n_audio_ctx,
+        spec.n_audio_state,
+        spec.n_audio_head,
+        spec.n_audio_layer,
+        spec.n_text_ctx,
+        spec.n_text_state,
+        spec.n_text_head,
+        spec.n_text_layer,
+        spec.n_mels,
+        spec.ftype,
+    )
     out = bytearray(struct.pack("<I11i", WHISPER_MAGIC, *hp))
     out += struct.pack("<2i", spec.n_mels, spec.n_fft)
     out += np.zeros(spec.n_mels * spec.n_fft, dtype=np.float32).tobytes()

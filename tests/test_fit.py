@@ -84,30 +84,61 @@ def llama8b_like(base: GGUFLayout) -> GGUFLayout:
     """An 8B-class Q4_K_M shape: 32 layers of ~137 MiB, 8 KV heads of 128, 128k vocab."""
     n = 32
     return dataclasses.replace(
-        base, block_count=n, embedding_length=4096, vocab_size=128256, head_count=(32,) * n,
-        head_count_kv=(8,) * n, feed_forward_length=(14336,) * n, key_length=128, value_length=128,
-        kv_layers=(True,) * n, swa_layers=(False,) * n, sliding_window=None, layer_bytes=(137 * MIB,) * n,
-        token_embd_bytes=282 * MIB, output_bytes=411 * MIB, other_bytes=0, context_length=131072,
+        base,
+        block_count=n,
+        embedding_length=4096,
+        vocab_size=128256,
+        head_count=(32,) * n,
+        head_count_kv=(8,) * n,
+        feed_forward_length=(14336,) * n,
+        key_length=128,
+        value_length=128,
+        kv_layers=(True,) * n,
+        swa_layers=(False,) * n,
+        sliding_window=None,
+        layer_bytes=(137 * MIB,) * n,
+        token_embd_bytes=282 * MIB,
+        output_bytes=411 * MIB,
+        other_bytes=0,
+        context_length=131072,
         file_type="mostly_q4_k_m",
-    )  # fmt: skip
+    )
 
 
 def machine(*, ram_gib: float, gpus: tuple[GPUInfo, ...] = (), os_: str = "linux") -> Hardware:
     ram = int(ram_gib * GIB)
     return Hardware(
-        os=os_, arch="x86_64",
-        cpu=CPUInfo(model_name="test cpu", physical_cores=8, logical_cores=16, usable_cores=16,
-                    cgroup_quota_cores=None, flags=("avx2",)),
+        os=os_,
+        arch="x86_64",
+        cpu=CPUInfo(
+            model_name="test cpu",
+            physical_cores=8,
+            logical_cores=16,
+            usable_cores=16,
+            cgroup_quota_cores=None,
+            flags=("avx2",),
+        ),
         memory=MemoryInfo(total=ram, available=ram, swap_total=0, swap_free=0, cgroup_limit=None),
-        gpus=gpus, engine_devices=(),
+        gpus=gpus,
+        engine_devices=(),
         bandwidth=Bandwidth(single_core=20 * GIB, all_cores=80 * GIB, threads=16, measured_at=0.0),
-    )  # fmt: skip
+    )
 
 
 def nvidia(mib: int, name: str = "NVIDIA GeForce RTX 4090") -> GPUInfo:
-    return GPUInfo(index=0, vendor="nvidia", name=name, memory_total=mib * MIB, memory_free=(mib - 400) * MIB,
-                   memory_used=400 * MIB, driver_version="550.54.15", compute_capability="8.9",
-                   unified_memory=False, pci_bus_id="00000000:01:00.0", source="nvml")  # fmt: skip
+    return GPUInfo(
+        index=0,
+        vendor="nvidia",
+        name=name,
+        memory_total=mib * MIB,
+        memory_free=(mib - 400) * MIB,
+        memory_used=400 * MIB,
+        driver_version="550.54.15",
+        compute_capability="8.9",
+        unified_memory=False,
+        pci_bus_id="00000000:01:00.0",
+        source="nvml",
+    )
 
 
 @pytest.fixture
@@ -140,8 +171,9 @@ def test_partial_offload_on_a_6_gib_card(big: GGUFLayout) -> None:
     assert not r.placements[0].fits and r.placements[0].short_by["GPU0"] > 0
     # one more layer would not fit: the search found the most
     host_w, gpu_w = split_weights(big, gpu_layers=r.chosen.gpu_layers + 1)
-    more = breakdown(big, params=dataclasses.replace(r.chosen.params, gpu_layers=r.chosen.gpu_layers + 1),
-                     gpu_devices=1)  # fmt: skip
+    more = breakdown(
+        big, params=dataclasses.replace(r.chosen.params, gpu_layers=r.chosen.gpu_layers + 1), gpu_devices=1
+    )
     assert {d.device: d for d in more}["GPU0"].total > Budget.of(hw).devices["GPU0"]
     assert gpu_w > 0 and host_w > 0
 
@@ -157,9 +189,19 @@ def test_cpu_only_with_speed(big: GGUFLayout) -> None:
 
 
 def test_apple_unified_memory_counts_ram(big: GGUFLayout) -> None:
-    apple = GPUInfo(index=0, vendor="apple", name="Apple M3 Max", memory_total=None, memory_free=None,
-                    memory_used=None, driver_version=None, compute_capability=None, unified_memory=True,
-                    pci_bus_id=None, source="sysctl")  # fmt: skip
+    apple = GPUInfo(
+        index=0,
+        vendor="apple",
+        name="Apple M3 Max",
+        memory_total=None,
+        memory_free=None,
+        memory_used=None,
+        driver_version=None,
+        compute_capability=None,
+        unified_memory=True,
+        pci_bus_id=None,
+        source="sysctl",
+    )
     hw = dataclasses.replace(machine(ram_gib=36, gpus=(apple,)), os="darwin", arch="arm64")
     r = plan_placements(big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw))
     assert r.verdict == "gpu"
@@ -192,8 +234,9 @@ def test_auto_context_shrinks_to_fit(big: GGUFLayout) -> None:
 def test_loaded_lanes_reduce_the_gpu_budget(big: GGUFLayout) -> None:
     hw = machine(ram_gib=64, gpus=(nvidia(24564),))
     alone = plan_placements(big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw))
-    beside = plan_placements(big, hw, params=FitParams(ctx_size=8192),
-                             budget=Budget.of(hw, used={"GPU0": 18 * GIB}))  # fmt: skip
+    beside = plan_placements(
+        big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw, used={"GPU0": 18 * GIB})
+    )
     assert alone.verdict == "gpu" and beside.verdict == "partial"
     assert (beside.chosen.max_ctx or 0) < (alone.chosen.max_ctx or 0)  # type: ignore[union-attr]
 
