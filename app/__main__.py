@@ -225,8 +225,11 @@ def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
         entry = entry_for_path(target.resolve())
     else:
         entry = Catalog(settings.models_dirs or (paths.models,)).get(args.model, allow_broken=True)
+    from app.lanes.footprint import FootprintStore
+
     hw = probe(bandwidth_cache=paths.hardware_cache)
-    return explain(entry, settings=settings, hardware=hw, pins=load_pins(paths.pins_file))
+    recorded = FootprintStore(paths.footprints_file).get(entry.id, path=entry.path)
+    return explain(entry, settings=settings, hardware=hw, pins=load_pins(paths.pins_file), recorded=recorded)
 
 
 def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | None:

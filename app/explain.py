@@ -5,6 +5,7 @@ The CLI, `GET /api/models/{id}/explain` and (later) the GUI all render this one 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ def explain(
     pins: dict[str, str],
     used: dict[str, int] | None = None,
     lane: dict[str, Any] | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`lane`: the loaded lane's snapshot; `recorded`: the last load's predicted and measured memory."""
     fmt = detect_format(entry.path)
     report: FitReport | None = None
     fit_problem: str | None = None
@@ -75,6 +78,7 @@ def explain(
         "facts": entry.facts.public() if isinstance(entry.facts, GGUFFacts) else None,
         "hardware": _hw_summary(hardware),
         "loaded": lane,
+        "last_measured": recorded,
     }
 
 
@@ -138,16 +142,22 @@ def render(doc: dict[str, Any]) -> str:
     free = ", ".join(f"{k} {_size(v)}" for k, v in fit["budget"].items())
     out.append(f"free for this model: {free}")
     loaded = doc.get("loaded")
+    if not (loaded and loaded.get("measured")) and doc.get("last_measured"):
+        loaded = doc["last_measured"]
+        out.append(f"last load ({time.ctime(loaded['at'])}) with context {loaded['params']['ctx_size']}:")
+    elif loaded and loaded.get("measured"):
+        out.append("loaded now:")
     if loaded and loaded.get("measured"):
         m = loaded["measured"]
         pred = loaded.get("predicted") or {}
-        out.append("loaded now, predicted vs measured (llama.cpp's own buffers):")
+        out.append("  predicted / measured (llama.cpp's own buffers):")
         pdev = {d["device"]: d for d in pred.get("devices", [])}
         for dev, comps in m["devices"].items():
             p = pdev.get(dev, {})
             parts = [f"{c} {_size(p.get(c))} / {_size(v)}" for c, v in comps.items() if c != "output"]
-            out.append(f"  {dev}: " + ", ".join(parts))
-        out.append(f"  engine process RSS {_size(m.get('rss_bytes'))}")
+            out.append(f"    {dev}: " + ", ".join(parts))
+        if m.get("rss_bytes"):
+            out.append(f"    engine process RSS {_size(m.get('rss_bytes'))}")
     return "\n".join(out)
 
 

@@ -16,7 +16,9 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hardware.bandwidth import load_or_measure
 from app.hardware.model import Hardware
+from app.hardware.monitor import Monitor
 from app.hardware.probe import probe
+from app.lanes.footprint import FootprintStore
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
 
@@ -28,14 +30,20 @@ class Runtime:
     bus: EventBus = field(default_factory=EventBus)
     catalog: Catalog = field(init=False)
     supervisor: Supervisor = field(init=False)
+    _monitor: Monitor | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.paths.ensure()
         dirs = self.settings.models_dirs or (self.paths.models,)
         self.catalog = Catalog(dirs)
         self.catalog.scan()
+        self.footprints = FootprintStore(self.paths.footprints_file)
         self.supervisor = Supervisor(
-            catalog=self.catalog, settings=self.settings, bus=self.bus, log_dir=self.paths.lane_logs
+            catalog=self.catalog,
+            settings=self.settings,
+            bus=self.bus,
+            log_dir=self.paths.lane_logs,
+            on_ready=self.footprints.record,
         )
 
     async def __aenter__(self) -> Runtime:
@@ -43,6 +51,9 @@ class Runtime:
         if self.settings.plan_memory:
             # once, off the event loop: NVML, sysfs and llama.cpp's device list
             self.supervisor.hardware = await asyncio.to_thread(probe, bandwidth_cache=None)
+        if self.settings.monitor_interval_s > 0:
+            self._monitor = Monitor(self.bus, interval=self.settings.monitor_interval_s)
+            await self._monitor.__aenter__()
         return self
 
     @property
@@ -66,4 +77,7 @@ class Runtime:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._monitor is not None:
+            await self._monitor.__aexit__(et, ev, tb)
+            self._monitor = None
         await self.supervisor.__aexit__(et, ev, tb)

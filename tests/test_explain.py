@@ -141,4 +141,51 @@ def test_explain_over_http_shows_predicted_and_measured(start_server: Any, home:
     assert hw["cpu"]["usable_cores"] >= 1 and hw["bandwidth"]["all_cores"] > 0
     # the CLI asks the running server, so it can show what is loaded
     text = cli(s.home, "explain", "tiny").stdout
-    assert "predicted vs measured" in text and "engine process RSS" in text
+    assert "predicted / measured" in text and "engine process RSS" in text
+
+
+def test_last_measured_survives_the_server(start_server: Any, home: Path) -> None:
+    import urllib.request
+
+    s = start_server(home / "models")
+    req = urllib.request.Request(s.url + "/api/models/tiny/load", data=b"", method="POST")
+    urllib.request.urlopen(req, timeout=60).read()
+    s.stop()
+    where = ("--models-dir", str(s.models_dir))
+    doc = json.loads(cli(s.home, "explain", "tiny", "--json", "--local", *where).stdout)
+    last = doc["last_measured"]
+    assert last["measured"]["devices"]["CPU"]["kv_cache"] == last["predicted"]["devices"][0]["kv_cache"]
+    assert "last load" in cli(s.home, "explain", "tiny", "--local", *where).stdout
+    # a replaced file does not inherit the old figures
+    model = s.models_dir / "tiny.gguf"
+    data = model.read_bytes()
+    model.unlink()  # a new file (the old one is a hard link to the session's shared model)
+    model.write_bytes(data + b"\0" * 64)
+    after = json.loads(cli(s.home, "explain", "tiny", "--json", "--local", *where).stdout)
+    assert after["last_measured"] is None
+
+
+def test_event_stream_carries_hardware_samples_and_lane_states(start_server: Any, home: Path) -> None:
+    import threading
+    import urllib.request
+
+    s = start_server(home / "models")
+    seen: list[str] = []
+
+    def read() -> None:
+        with urllib.request.urlopen(s.url + "/api/events", timeout=30) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("event: "):
+                    seen.append(line.removeprefix("event: "))
+                if "lane.ready" in seen and seen.count("hardware.sample") >= 2:
+                    return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    urllib.request.urlopen(
+        urllib.request.Request(s.url + "/api/models/tiny/load", data=b"", method="POST"), timeout=60
+    ).read()
+    t.join(15)
+    assert seen[0] == "snapshot"
+    assert "lane.state" in seen and "lane.ready" in seen and seen.count("hardware.sample") >= 2

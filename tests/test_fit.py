@@ -16,7 +16,13 @@ from app.fit.plan import GIB, Budget, plan_placements
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
 from app.hardware.model import Bandwidth, CPUInfo, GPUInfo, Hardware, MemoryInfo
 from app.runtime import Runtime
-from tests.tinymodels import CHAT, LARGE, TinySpec, write_tiny_gguf
+from tests.tinymodels import CHAT, LARGE, TinySpec, write_gemma2_gguf, write_tiny_gguf
+
+
+def read_layout(path: str) -> GGUFLayout:
+    lay = read_gguf_layout(Path(path))
+    assert isinstance(lay, GGUFLayout)
+    return lay
 
 
 def within(predicted: int, measured: int, *, rel: float = 0.05, abs_mib: float = 16) -> bool:
@@ -37,6 +43,7 @@ SHAPES = {
         TinySpec(n_embd=128, n_layer=3, n_ff=384, seed=4),
         {"flash_attn": "off", "parallel": 2},
     ),
+    "sliding-window-gemma2": (None, {"parallel": 2}),
 }
 
 
@@ -44,7 +51,10 @@ SHAPES = {
 async def test_prediction_matches_llama_cpp(tmp_path: Path, shape: str) -> None:
     spec, settings = SHAPES[shape]
     models = tmp_path / "models"
-    write_tiny_gguf(models / f"{shape}.gguf", spec)
+    if spec is None:
+        write_gemma2_gguf(models / f"{shape}.gguf")
+    else:
+        write_tiny_gguf(models / f"{shape}.gguf", spec)
     rt = Runtime(settings=Settings(models_dirs=(models,), **settings), paths=Paths.from_env())  # type: ignore[arg-type]
     async with rt:
         lane = await rt.supervisor.ensure(shape)
@@ -55,6 +65,12 @@ async def test_prediction_matches_llama_cpp(tmp_path: Path, shape: str) -> None:
         # weights and KV follow llama.cpp's own arithmetic: they must agree to the log's 0.01 MiB rounding
         assert within(predicted.weights, measured["weights"], rel=0.001, abs_mib=0.02), report
         assert within(predicted.kv_cache, measured["kv_cache"], rel=0.001, abs_mib=0.02), report
+        if shape.startswith("sliding"):  # the sliding layers really are smaller than the full ones
+            assert lane.plan.fit.chosen is not None
+            per_layer = kv_layer_bytes(
+                read_layout(lane.plan.params.model_path), params=lane.plan.fit.chosen.params
+            )
+            assert per_layer[0] < per_layer[1]
         assert within(predicted.compute, measured["compute"]), report
         # the plan is what runs
         assert lane.plan.params.ctx_size == lane.plan.fit.chosen.params.ctx_size  # type: ignore[union-attr]

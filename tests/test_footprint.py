@@ -46,3 +46,28 @@ async def test_ready_lane_reports_measured_buffers(tmp_path: Path, model_store: 
         assert m["rss_bytes"] and m["rss_bytes"] > m["totals"]["weights"]
         await rt.supervisor.unload("tiny")
         assert lane.snapshot()["measured"] is None
+
+
+def test_store_keeps_figures_per_file_and_sets_aside_a_corrupt_file(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from app.lanes.footprint import Footprint, FootprintStore
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    plan = SimpleNamespace(
+        params=SimpleNamespace(model_path=str(model)),
+        public=lambda: {"params": {"ctx_size": 1}},
+        predicted=lambda: {"total": 5},
+    )
+    fp = Footprint()
+    fp.add("CPU", "kv_cache", 7)
+    store = FootprintStore(tmp_path / "footprints.json")
+    store.record(SimpleNamespace(plan=plan, measured=fp, model_id="m"))
+    got = store.get("m", path=model)
+    assert got is not None and got["measured"]["totals"]["kv_cache"] == 7 and got["predicted"] == {"total": 5}
+    model.write_bytes(b"y" * 11)
+    assert store.get("m", path=model) is None
+    (tmp_path / "footprints.json").write_text("{not json")
+    assert store.get("m", path=model) is None
+    assert list(tmp_path.glob("footprints.corrupt-*"))  # kept for the user, not deleted

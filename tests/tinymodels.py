@@ -117,3 +117,61 @@ def write_unknown_arch_gguf(path: Path, arch: str = "nosucharch") -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_gemma2_gguf(path: Path, *, window: int = 256, seed: int = 5) -> Path:
+    """A gemma2 GGUF (every other layer slides over `window` tokens) that llama.cpp loads and runs:
+    the sliding-window shape for the memory model's checks."""
+    n_embd, n_layer, n_head, n_kv, n_ff, head_dim = 128, 4, 4, 2, 256, 32
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = _vocab()
+    w = gguf.GGUFWriter(str(path), "gemma2")
+    w.add_name("tiny-gemma2")
+    w.add_context_length(8192)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    w.add_attn_logit_softcapping(50.0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template(CHATML)
+
+    def t(name: str, *shape: int) -> None:
+        norm = "norm" in name
+        data = np.ones(shape, np.float32) if norm else rng.standard_normal(shape).astype(np.float32) * 0.02
+        w.add_tensor(name, data)
+
+    t("token_embd.weight", len(tokens), n_embd)  # gemma ties the output to the embedding
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t(p + "attn_norm.weight", n_embd)
+        t(p + "attn_q.weight", n_head * head_dim, n_embd)
+        t(p + "attn_k.weight", n_kv * head_dim, n_embd)
+        t(p + "attn_v.weight", n_kv * head_dim, n_embd)
+        t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        t(p + "post_attention_norm.weight", n_embd)
+        t(p + "ffn_norm.weight", n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        t(p + "post_ffw_norm.weight", n_embd)
+    t("output_norm.weight", n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -49,6 +49,10 @@ class Paths:
         return self.home / "pins.json"
 
     @property
+    def footprints_file(self) -> Path:
+        return self.home / "footprints.json"
+
+    @property
     def hardware_cache(self) -> Path:
         return self.home / "hardware.json"
 

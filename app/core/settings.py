@@ -44,6 +44,7 @@ class Settings:
     log_ring_lines: int = 2000
     prompt_cache_mib: int = 512
     plan_memory: bool = True
+    monitor_interval_s: float = 1.0
     enforce_fit: bool = True
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 

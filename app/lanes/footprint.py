@@ -8,9 +8,14 @@ with that precision.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _LINE = re.compile(
@@ -67,3 +72,57 @@ def parse_footprint(lines: Iterable[str]) -> Footprint:
             nbytes = round(float(m["mib"]) * MIB)
             fp.add(device_name(m["device"]), _COMPONENT[m["what"]], nbytes)
     return fp
+
+
+class FootprintStore:
+    """The last predicted and measured memory of each model, kept across restarts in a JSON file.
+
+    Entries are keyed by model id and remember the file's size and mtime, so a replaced file's old
+    figures are not shown as its own. A corrupt file is set aside (renamed), never silently lost.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                self.path.rename(self.path.with_suffix(f".corrupt-{int(time.time())}"))
+            return {}
+
+    def record(self, lane: Any) -> None:
+        """Called when a lane is ready: store its plan's prediction beside llama.cpp's own figures."""
+        if lane.plan is None or lane.measured is None:
+            return
+        path = Path(lane.plan.params.model_path)
+        st = path.stat()
+        data = self._load()
+        data[lane.model_id] = {
+            "file": str(path),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "at": time.time(),
+            "params": lane.plan.public()["params"],
+            "predicted": lane.plan.predicted(),
+            "measured": lane.measured.public(),
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def get(self, model_id: str, *, path: Path) -> dict[str, Any] | None:
+        entry = self._load().get(model_id)
+        if not isinstance(entry, dict):
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+            return None  # the file changed since: those figures belong to another file
+        return entry

@@ -49,7 +49,9 @@ class Lane:
         bus: EventBus,
         ring: LogRing,
         http: aiohttp.ClientSession,
+        on_ready: Callable[[Lane], None] | None = None,
     ) -> None:
+        self._on_ready = on_ready
         self.id = model_id
         self.model_id = model_id
         self.kind = kind
@@ -229,6 +231,11 @@ class Lane:
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
         self._set(LaneState.READY)
+        if self._on_ready is not None:
+            try:
+                self._on_ready(self)
+            except Exception as exc:  # recording is a nicety; a failure must not fail the lane
+                self.ring.add(f"--- switchyard: could not record the measured footprint: {exc}")
         self.bus.publish(
             "lane.ready",
             lane=self.id,

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -36,7 +36,16 @@ def free_port() -> int:
 
 
 class Supervisor:
-    def __init__(self, *, catalog: Catalog, settings: Settings, bus: EventBus, log_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        settings: Settings,
+        bus: EventBus,
+        log_dir: Path,
+        on_ready: Callable[[Lane], None] | None = None,
+    ) -> None:
+        self._on_ready = on_ready
         self.catalog = catalog
         self.settings = settings
         self.bus = bus
@@ -110,6 +119,7 @@ class Supervisor:
                 bus=self.bus,
                 ring=ring,
                 http=self.http,
+                on_ready=self._on_ready,
             )
             self.lanes[entry.id] = lane
         return lane

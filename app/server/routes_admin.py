@@ -119,6 +119,7 @@ async def explain_model(request: web.Request) -> web.Response:
         pins=pins,
         used=rt.supervisor.gpu_used(exclude=model),
         lane=lane.snapshot() if lane else None,
+        recorded=rt.footprints.get(model, path=entry.path),
     )
     return web.json_response(doc)
 

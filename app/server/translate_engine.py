@@ -1,0 +1,140 @@
+"""The engine side of the translated surfaces (Anthropic, Ollama): a lane's OpenAI endpoints.
+
+llama.cpp speaks OpenAI only, so these surfaces build an OpenAI body, send it to the lane and read
+the answer back chunk by chunk (`sse_chunks`) while they write their own shape to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from app.core.errors import SwitchyardError
+from app.lanes.lane import Lane, crashed_error
+
+log = logging.getLogger("switchyard.translate")
+_NO_TOTAL = aiohttp.ClientTimeout(total=None, sock_connect=10)
+
+
+class EngineRefusedError(SwitchyardError):
+    """The engine answered an error status; its message and status are kept."""
+
+    type = "invalid_request_error"
+    code = "engine_refused"
+    source = "engine"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        if status >= 500:
+            self.type = "engine_error"
+
+
+def refusal(status: int, data: bytes, model: str) -> EngineRefusedError:
+    """An engine's error answer (`{"error": {"message": ...}}`, a string, or plain text) as an error."""
+    message = data.decode("utf-8", "replace").strip() or f"engine answered HTTP {status}"
+    try:
+        err = json.loads(data).get("error")
+        if isinstance(err, dict) and err.get("message"):
+            message = str(err["message"])
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    return EngineRefusedError(f"the engine for {model!r} refused the request: {message}", status=status)
+
+
+async def post(http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    """POST `body` to the lane; an error status is raised as EngineRefusedError (the answer is closed)."""
+    try:
+        upstream = await http.post(lane.base_url + path, json=body, timeout=_NO_TOTAL)
+    except (aiohttp.ClientError, OSError) as exc:
+        await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
+        raise crashed_error(lane) from exc
+    if upstream.status >= 400:
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise crashed_error(lane) from exc
+        finally:
+            upstream.close()
+        raise refusal(upstream.status, data, lane.model_id)
+    return upstream
+
+
+async def post_json(http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]) -> Any:
+    upstream = await post(http, lane, path, body)
+    try:
+        data = await upstream.read()
+    except (aiohttp.ClientError, OSError) as exc:
+        await asyncio.sleep(0.05)
+        raise crashed_error(lane) from exc
+    finally:
+        upstream.close()
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise EngineRefusedError(
+            f"the engine for {lane.model_id!r} answered {path} with something that is not JSON", status=502
+        ) from exc
+
+
+async def sse_chunks(upstream: aiohttp.ClientResponse, lane: Lane) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an OpenAI event stream, one per `data:` line, until `[DONE]`.
+
+    A broken connection is the lane's crash; an `{"error": ...}` event is the engine's refusal."""
+    buf = b""
+    try:
+        async for piece in upstream.content.iter_any():
+            buf += piece
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                line = line.strip()
+                if line.startswith(b"error:"):  # llama.cpp's way to fail after the headers went out
+                    raise refusal(500, line[6:].strip(), lane.model_id)
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, `event:` names
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    log.warning("engine for %s sent a stream line that is not JSON: %r", lane.model_id, line)
+                    continue
+                if isinstance(obj, dict) and "error" in obj and "choices" not in obj:
+                    raise refusal(500, payload, lane.model_id)
+                if isinstance(obj, dict):
+                    yield obj
+    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
+        await asyncio.sleep(0.05)
+        raise crashed_error(lane) from exc
+
+
+async def has_vision(http: aiohttp.ClientSession, lane: Lane) -> bool:
+    """Whether the running engine has a multimodal projector loaded (llama.cpp's /props)."""
+    try:
+        async with http.get(lane.base_url + "/props", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            props = await r.json(content_type=None) if r.status == 200 else {}
+    except (aiohttp.ClientError, OSError, ValueError, TimeoutError):
+        return False
+    modalities = props.get("modalities") if isinstance(props, dict) else None
+    return isinstance(modalities, dict) and bool(modalities.get("vision"))
+
+
+async def count_prompt_tokens(http: aiohttp.ClientSession, lane: Lane, chat_body: dict[str, Any]) -> int:
+    """Tokens the engine will see for this chat request: its template applied, then tokenized."""
+    shape = {k: chat_body[k] for k in ("messages", "tools", "chat_template_kwargs") if k in chat_body}
+    rendered = await post_json(http, lane, "/apply-template", shape)
+    prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
+    if not isinstance(prompt, str):
+        raise EngineRefusedError(f"the engine for {lane.model_id!r} did not render the prompt", status=502)
+    tokens = await post_json(http, lane, "/tokenize", {"content": prompt, "add_special": True})
+    if not isinstance(tokens, dict) or not isinstance(tokens.get("tokens"), list):
+        raise EngineRefusedError(f"the engine for {lane.model_id!r} did not tokenize the prompt", status=502)
+    return len(tokens["tokens"])
