@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):
         pass
     del server  # joins llama.cpp's loop and frees the model
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: destroying the extension's statics at exit has been seen to hang
+    os._exit(0)
 
 
 if __name__ == "__main__":
