@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from app.core.settings import Settings
+from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
 from app.fit.memory import MIB
 from app.fit.plan import FitReport, rate
 from app.formats.detect import ModelKind, detect_format
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
+from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
 from app.lanes.installed import installed_lanes
 from app.lanes.llamacpp import fit_for, requested_ctx
@@ -48,10 +50,18 @@ def explain(
             fit_problem = r.reason
         else:
             report = r
+    shares: dict[str, dict[str, Any]] = {}
+    if fmt.kind is ModelKind.SAFETENSORS and isinstance(fmt.facts, SafetensorsModel):
+        shares = _gpu_shares(fmt.facts, hardware, settings=settings)
+        if not shares:
+            fit_problem = "vLLM and SGLang plan memory on an NVIDIA GPU; none was found"
     elif fmt.kind is not ModelKind.GGUF:
         fit_problem = f"no memory model for {fmt.kind.value} models yet"
 
     def fit(lane_name: str) -> FitCheck | None:
+        if lane_name in shares:
+            share = shares[lane_name]
+            return FitCheck(share["fits"], share["summary"])
         if lane_name != "llama.cpp" or report is None:
             return None
         return FitCheck(report.fits or not settings.enforce_fit, report.summary)
@@ -69,6 +79,7 @@ def explain(
         "decision_text": decision.render_text(),
         "fit": report.public() if report else None,
         "fit_problem": fit_problem,
+        "gpu_shares": shares or None,
         "requested": {
             "ctx_size": ctx,
             "ctx_auto": auto,
@@ -80,6 +91,30 @@ def explain(
         "loaded": lane,
         "last_measured": recorded,
     }
+
+
+def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) -> dict[str, dict[str, Any]]:
+    """What vLLM and SGLang would ask of the largest NVIDIA card, at the model's window (capped at 32k)."""
+    cards = [g for g in hw.gpus if g.vendor == "nvidia" and g.memory_total]
+    if not cards:
+        return {}
+    gpu = max(cards, key=lambda g: g.memory_total or 0)
+    length = min(model.config.max_position_embeddings or 8192, 32768)
+    if settings.ctx_size:
+        length = settings.ctx_size
+    out: dict[str, dict[str, Any]] = {}
+    for engine in ("vllm", "sglang"):
+        try:
+            share = plan_gpu_share(model, gpu, engine=engine, max_model_len=length, name=gpu.name)
+        except GPUShareRefused as exc:
+            out[engine] = {"fits": False, "summary": exc.message, "share": None}
+            continue
+        summary = (
+            f"asks for {share.fraction:.2f} of {gpu.name} ({engine} flag), "
+            f"{share.concurrent_requests} full {length}-token request(s) at once"
+        )
+        out[engine] = {"fits": True, "summary": summary, "share": share.public()}
+    return out
 
 
 def _hw_summary(hw: Hardware) -> dict[str, Any]:
@@ -106,8 +141,11 @@ def render(doc: dict[str, Any]) -> str:
     """The explanation as terminal text: decision, memory per device, placements, advice, measured."""
     out = [doc["decision_text"].rstrip(), ""]
     fit = doc.get("fit")
+    for engine, share in (doc.get("gpu_shares") or {}).items():
+        out.append(f"memory on {engine}: {share['summary']}")
     if fit is None:
-        out.append(f"memory: {doc.get('fit_problem') or 'not estimated'}")
+        if not doc.get("gpu_shares"):
+            out.append(f"memory: {doc.get('fit_problem') or 'not estimated'}")
         return "\n".join(out)
     req = doc["requested"]
     out.append(f"memory: {fit['summary']}")

@@ -189,3 +189,27 @@ def test_event_stream_carries_hardware_samples_and_lane_states(start_server: Any
     t.join(15)
     assert seen[0] == "snapshot"
     assert "lane.state" in seen and "lane.ready" in seen and seen.count("hardware.sample") >= 2
+
+
+def test_explain_safetensors_on_an_nvidia_card_shows_engine_shares(tmp_path: Path) -> None:
+    from app.core.settings import Settings
+    from app.explain import entry_for_path, explain, render
+    from tests.modelgen import LlamaDims, llama_tensors, write_hf_dir
+    from tests.test_fit import machine, nvidia
+
+    dims = LlamaDims(n_layer=4, hidden=256, heads=8, kv_heads=2, ff=512, vocab=1000)
+    folder = tmp_path / "tiny-hf"
+    write_hf_dir(folder, dims.config(max_position_embeddings=4096), llama_tensors(dims))
+    hw = machine(ram_gib=64, gpus=(nvidia(24564),))
+    doc = explain(entry_for_path(folder), settings=Settings(), hardware=hw, pins={})
+    assert doc["format"] == "safetensors" and doc["fit"] is None
+    shares = doc["gpu_shares"]
+    assert set(shares) == {"vllm", "sglang"} and all(s["fits"] for s in shares.values())
+    assert "--gpu-memory-utilization" in shares["vllm"]["share"]["argv"]
+    assert "--mem-fraction-static" in shares["sglang"]["share"]["argv"]
+    # vLLM is the first choice there, but not installed: the rejection says so and the share is shown
+    vllm = {r["lane"]: r for r in doc["decision"]["rejections"]}["vllm"]
+    assert vllm["kind"] == "not_installed"
+    assert "memory on vllm: asks for" in render(doc)
+    cpu_only = explain(entry_for_path(folder), settings=Settings(), hardware=machine(ram_gib=64), pins={})
+    assert cpu_only["gpu_shares"] is None and "NVIDIA GPU" in cpu_only["fit_problem"]
