@@ -18,7 +18,7 @@ from app.core.errors import PortInUseError, SettingsError
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.runtime import Runtime
-from app.server import middleware, routes_admin, routes_openai
+from app.server import middleware, routes_admin, routes_anthropic, routes_ollama, routes_openai
 from app.server.keys import RUNTIME
 
 log = logging.getLogger("switchyard")
@@ -49,6 +49,8 @@ def make_app(runtime: Runtime) -> web.Application:
     app.cleanup_ctx.append(runtime_ctx)
     app.add_routes(routes_admin.routes)
     app.add_routes(routes_openai.routes)
+    app.add_routes(routes_anthropic.routes)
+    app.add_routes(routes_ollama.routes)
     return app
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -49,13 +49,25 @@ def refusal(status: int, data: bytes, model: str) -> EngineRefusedError:
     return EngineRefusedError(f"the engine for {model!r} refused the request: {message}", status=status)
 
 
-async def post(http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+async def post(
+    http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]
+) -> aiohttp.ClientResponse:
     """POST `body` to the lane; an error status is raised as EngineRefusedError (the answer is closed)."""
-    try:
-        upstream = await http.post(lane.base_url + path, json=body, timeout=_NO_TOTAL)
-    except (aiohttp.ClientError, OSError) as exc:
-        await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
-        raise crashed_error(lane) from exc
+    for attempt in range(2):
+        try:
+            upstream = await http.post(lane.base_url + path, json=body, timeout=_NO_TOTAL)
+            break
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+            # llama.cpp closes a connection after a cut-off stream; if the pool hands that one out
+            # before its close was seen, the request never reached the engine: retry once, fresh
+            if attempt == 0:
+                await asyncio.sleep(0.01)
+                continue
+            await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
+            raise crashed_error(lane) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)
+            raise crashed_error(lane) from exc
     if upstream.status >= 400:
         try:
             data = await upstream.read()
@@ -84,7 +96,7 @@ async def post_json(http: aiohttp.ClientSession, lane: Lane, path: str, body: di
         ) from exc
 
 
-async def sse_chunks(upstream: aiohttp.ClientResponse, lane: Lane) -> AsyncIterator[dict[str, Any]]:
+async def sse_chunks(upstream: aiohttp.ClientResponse, lane: Lane) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON objects of an OpenAI event stream, one per `data:` line, until `[DONE]`.
 
     A broken connection is the lane's crash; an `{"error": ...}` event is the engine's refusal."""
@@ -129,7 +141,9 @@ async def has_vision(http: aiohttp.ClientSession, lane: Lane) -> bool:
 
 async def count_prompt_tokens(http: aiohttp.ClientSession, lane: Lane, chat_body: dict[str, Any]) -> int:
     """Tokens the engine will see for this chat request: its template applied, then tokenized."""
-    shape = {k: chat_body[k] for k in ("messages", "tools", "chat_template_kwargs") if k in chat_body}
+    shape: dict[str, Any] = {
+        k: chat_body[k] for k in ("messages", "tools", "chat_template_kwargs") if k in chat_body
+    }
     rendered = await post_json(http, lane, "/apply-template", shape)
     prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
     if not isinstance(prompt, str):
@@ -138,3 +152,14 @@ async def count_prompt_tokens(http: aiohttp.ClientSession, lane: Lane, chat_body
     if not isinstance(tokens, dict) or not isinstance(tokens.get("tokens"), list):
         raise EngineRefusedError(f"the engine for {lane.model_id!r} did not tokenize the prompt", status=502)
     return len(tokens["tokens"])
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """Tool arguments as an object; text that is not a JSON object is kept under 'arguments'."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"arguments": text}
+    return value if isinstance(value, dict) else {"arguments": value}

@@ -1,0 +1,151 @@
+"""Anthropic Messages API: POST /v1/messages (streaming or not) and /v1/messages/count_tokens.
+
+Requests are translated to the lane's OpenAI chat endpoint (see translate_anthropic); errors on these
+routes are Anthropic-shaped. The key may come as `x-api-key` or `Authorization: Bearer`; none is
+checked yet, and neither is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from app.core.errors import BadRequestError, SwitchyardError
+from app.lanes.lane import Lane
+from app.runtime import Runtime
+from app.server.keys import RUNTIME
+from app.server.translate_anthropic import MessagesCall, MessageTranslator, error_body, sse, to_openai
+from app.server.translate_engine import count_prompt_tokens, has_vision, post, sse_chunks
+from app.server.validate import parse_body
+
+log = logging.getLogger("switchyard.anthropic")
+routes = web.RouteTableDef()
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(exc: SwitchyardError) -> web.Response:
+    return web.json_response(error_body(exc), status=exc.status)
+
+
+async def _guarded(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SwitchyardError as exc:
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(BadRequestError("the request body is too large"))
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        err = SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
+        return error_response(err)
+
+
+async def _parse(request: web.Request, *, for_count: bool) -> tuple[Runtime, MessagesCall]:
+    call = to_openai(parse_body(await request.read()), for_count=for_count)
+    request["model"] = call.model
+    rt = request.app[RUNTIME]
+    if rt.catalog.get(call.model).kind != "chat":
+        raise BadRequestError(
+            f"model {call.model!r} is an embedding model; the Messages API needs a chat model "
+            "(embeddings: POST /v1/embeddings)",
+            param="model",
+        )
+    return rt, call
+
+
+async def _check_images(rt: Runtime, lane: Lane, call: MessagesCall) -> None:
+    if call.has_images and not await has_vision(rt.supervisor.http, lane):
+        raise BadRequestError(
+            f"model {call.model!r} cannot read images: its engine has no vision projector (mmproj) "
+            "loaded, and Switchyard does not load projectors yet; send text blocks only",
+            param="messages",
+        )
+
+
+@routes.post("/v1/messages")
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _guarded(request, _messages)
+
+
+@routes.post("/v1/messages/count_tokens")
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    return await _guarded(request, _count_tokens)
+
+
+async def _count_tokens(request: web.Request) -> web.StreamResponse:
+    rt, call = await _parse(request, for_count=True)
+    async with rt.supervisor.use(call.model) as lane:
+        await _check_images(rt, lane, call)
+        n = await count_prompt_tokens(rt.supervisor.http, lane, call.openai)
+    return web.json_response({"input_tokens": n})
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    rt, call = await _parse(request, for_count=False)
+    http = rt.supervisor.http
+    async with rt.supervisor.use(call.model) as lane:
+        await _check_images(rt, lane, call)
+        upstream = await post(http, lane, "/v1/chat/completions", call.openai)
+        tr = MessageTranslator(model=call.model, stop_sequences=call.stop_sequences)
+        try:
+            if call.stream:
+                return await _stream(request, rt, lane, upstream, tr, call)
+            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+                async for chunk in chunks:
+                    tr.feed(chunk)
+                    if tr.stopped:
+                        break
+            upstream.close()
+            await _settle_usage(rt, lane, tr, call)
+            tr.finish()
+            return web.json_response(tr.message())
+        finally:
+            upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+
+
+async def _settle_usage(rt: Runtime, lane: Lane, tr: MessageTranslator, call: MessagesCall) -> None:
+    """A stop sequence cut the engine off before its usage report: count the prompt ourselves."""
+    if tr.input_tokens is None:
+        try:
+            tr.input_tokens = await count_prompt_tokens(rt.supervisor.http, lane, call.openai)
+        except SwitchyardError as exc:
+            log.info("could not count prompt tokens for %s: %s", call.model, exc.message)
+
+
+async def _stream(
+    request: web.Request,
+    rt: Runtime,
+    lane: Lane,
+    upstream: aiohttp.ClientResponse,
+    tr: MessageTranslator,
+    call: MessagesCall,
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await resp.prepare(request)
+    try:
+        await resp.write(sse(tr.start()))
+        try:
+            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+                async for chunk in chunks:
+                    events = tr.feed(chunk)
+                    if events:
+                        await resp.write(sse(events))
+                    if tr.stopped:
+                        break
+            upstream.close()
+            await _settle_usage(rt, lane, tr, call)
+            await resp.write(sse(tr.finish()))
+        except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as an event
+            await resp.write(sse([("error", error_body(exc))]))
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("client went away mid-stream; closing the upstream request")
+    return resp
