@@ -195,6 +195,20 @@ def test_list_show_ps_version(client: ollama.Client, server: ServerProcess, mode
     assert isinstance(version["version"], str) and version["version"]
 
 
+def test_keep_alive_sets_the_lane_ttl(client: ollama.Client) -> None:
+    r = client.chat(model="tiny", messages=HI, options=PIN, keep_alive="1s")
+    assert r.message.content == "the answer is 42"
+    [row] = [m for m in client.ps().models if m.model == "tiny:latest"]
+    assert row.expires_at is not None and row.expires_at.year < 2100  # a real deadline, not "forever"
+    deadline = time.monotonic() + 10
+    while "tiny:latest" in {m.model for m in client.ps().models} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "tiny:latest" not in {m.model for m in client.ps().models}, "keep_alive 1s should unload it"
+    client.chat(model="tiny", messages=HI, options=PIN, keep_alive=-1)
+    [row] = [m for m in client.ps().models if m.model == "tiny:latest"]
+    assert row.expires_at is not None and row.expires_at.year > 2100  # kept loaded
+
+
 def test_empty_prompt_loads_and_keep_alive_zero_unloads(client: ollama.Client) -> None:
     loaded = client.generate(model="tiny", prompt="")
     assert loaded.done and loaded.done_reason == "load"

@@ -71,6 +71,7 @@ class Lane:
         self.restarts = 0
         self.draining = False
         self.measured: Footprint | None = None
+        self.ttl_override: float | None = None  # seconds (< 0: never); set per request by Ollama's keep_alive
         self._stop_requested = False
         self._startup: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -329,6 +330,7 @@ class Lane:
             self.ring.add(f"--- switchyard: engine stopped ({reason}), exit code {rc}")
         self.port = None
         self.draining = False
+        self.ttl_override = None
         self._set(LaneState.STOPPED, reason=reason)
 
 

@@ -203,7 +203,7 @@ class Supervisor:
             await asyncio.sleep(0.5)
             now = time.time()
             for lane in list(self.lanes.values()):
-                ttl = self.settings.ttl_for(lane.model_id)
+                ttl = self.ttl_of(lane)
                 if (
                     lane.available
                     and lane.in_flight == 0
@@ -214,6 +214,16 @@ class Supervisor:
                     task = asyncio.create_task(lane.stop(reason=f"idle for {ttl:g} s"))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+
+    def ttl_of(self, lane: Lane) -> float:
+        """Idle seconds before `lane` is unloaded; 0 or less: never."""
+        return lane.ttl_override if lane.ttl_override is not None else self.settings.ttl_for(lane.model_id)
+
+    def set_ttl(self, model_id: str, seconds: float | None) -> None:
+        """A per-lane idle TTL until the lane next stops (None: back to the settings; < 0: never unload)."""
+        lane = self.lanes.get(model_id)
+        if lane is not None:
+            lane.ttl_override = seconds
 
     def snapshot(self) -> list[dict[str, object]]:
         return [lane.snapshot() for lane in self.lanes.values()]

@@ -93,8 +93,6 @@ def _chat_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
 
 def _notes(ignored: tuple[str, ...], keep_alive: float | None) -> dict[str, str]:
     names = list(ignored)
-    if keep_alive is not None and keep_alive != 0:
-        names.append("keep_alive")  # only 0 (unload now) is applied; the TTL comes from settings
     if names:
         log.info("ignored per-request options %s: the lane's settings decide them", ", ".join(names))
         return {IGNORED_HEADER: ", ".join(names)}
@@ -102,8 +100,11 @@ def _notes(ignored: tuple[str, ...], keep_alive: float | None) -> dict[str, str]
 
 
 async def _unload_if_asked(rt: Runtime, model_id: str, keep_alive: float | None) -> None:
-    """`keep_alive: 0`: stop the lane once nothing else is using it."""
+    """`keep_alive: 0`: stop the lane once nothing else is using it; other values set the lane's idle TTL."""
     lane = rt.supervisor.lanes.get(model_id)
+    if keep_alive is not None and keep_alive != 0:
+        rt.supervisor.set_ttl(model_id, keep_alive)  # negative: keep loaded until something else needs room
+        return
     if keep_alive != 0 or lane is None or lane.in_flight > 0:
         return
     try:
@@ -130,7 +131,7 @@ async def ps(request: web.Request) -> web.Response:
             entry = rt.catalog.get(lane.model_id)
         except SwitchyardError:
             continue  # the file vanished or broke while the engine still runs
-        rows.append(running(entry, lane.snapshot(), ttl_s=rt.supervisor.settings.ttl_for(lane.model_id)))
+        rows.append(running(entry, lane.snapshot(), ttl_s=rt.supervisor.ttl_of(lane)))
     return web.json_response({"models": rows})
 
 
