@@ -220,6 +220,13 @@ def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
     from app.library.catalog import Catalog
 
     settings = _settings(args, paths)
+    # flags given to explain are about this model: they win over its model_overrides entry
+    flags = {k: getattr(args, k) for k in ("ctx_size", "parallel", "kv_type", "gpu_layers")}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    if flags:
+        over = dict(settings.model_overrides)
+        over[args.model] = {**over.get(args.model, {}), **flags}
+        settings = settings.with_changes(model_overrides=over)
     target = Path(args.model).expanduser()
     if target.exists():
         entry = entry_for_path(target.resolve())
@@ -247,7 +254,9 @@ def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | 
     except urllib.error.HTTPError as exc:
         body = json.loads(exc.read() or b"{}").get("error", {})
         raise SwitchyardError(body.get("message") or f"server answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        if args.url:  # asked for that server by name: say it did not answer rather than guess
+            raise ServerNotRunningError(f"no Switchyard server answers at {url} ({exc})") from exc
         return None
 
 
@@ -272,6 +281,7 @@ def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
     from app.explain import explain_pin
 
     pins = load_pins(paths.pins_file)
+    paths.home.mkdir(parents=True, exist_ok=True)
     if args.clear:
         removed = pins.pop(args.model, None)
         save_pins(paths.pins_file, pins)
@@ -291,7 +301,7 @@ def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
     pins[args.model] = args.lane
     paths.home.mkdir(parents=True, exist_ok=True)
     save_pins(paths.pins_file, pins)
-    print(f"pinned {args.model} to {args.lane} (a running server picks it up at its next start)")
+    print(f"pinned {args.model} to {args.lane}; `switchyard explain` and the server's lane starts follow it")
     return 0
 
 

@@ -23,6 +23,16 @@ from app.library.catalog import ModelEntry
 from app.routing import FitCheck, decide
 
 
+def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
+    if not report.fits and not (settings.enforce_fit and settings.plan_memory):
+        return FitCheck(
+            True,
+            f"by the estimate it {report.summary}, but the server does not enforce the estimate "
+            "(enforce_fit or plan_memory is off): the engine will try",
+        )
+    return FitCheck(report.fits, report.summary)
+
+
 def entry_for_path(path: Path) -> ModelEntry:
     facts = read_gguf(path)
     if isinstance(facts, GGUFProblem):
@@ -64,7 +74,7 @@ def explain(
             return FitCheck(share["fits"], share["summary"])
         if lane_name != "llama.cpp" or report is None:
             return None
-        return FitCheck(report.fits or not settings.enforce_fit, report.summary)
+        return _fit_check(report, settings)
 
     decision = decide(
         fmt, hardware=hardware, installed=installed_lanes(settings), pins=pins, model_id=entry.id, fit=fit
@@ -213,6 +223,6 @@ def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Any) -> 
     def fit(lane_name: str) -> FitCheck | None:
         if lane_name != "llama.cpp" or not isinstance(report, FitReport):
             return None
-        return FitCheck(report.fits or not settings.enforce_fit, report.summary)
+        return _fit_check(report, settings)
 
     return check_pin(fmt, lane, hardware=hw, installed=installed_lanes(settings), fit=fit)

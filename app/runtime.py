@@ -44,6 +44,7 @@ class Runtime:
             bus=self.bus,
             log_dir=self.paths.lane_logs,
             on_ready=self.footprints.record,
+            pins_file=self.paths.pins_file,
         )
 
     async def __aenter__(self) -> Runtime:

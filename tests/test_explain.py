@@ -213,3 +213,41 @@ def test_explain_safetensors_on_an_nvidia_card_shows_engine_shares(tmp_path: Pat
     assert "memory on vllm: asks for" in render(doc)
     cpu_only = explain(entry_for_path(folder), settings=Settings(), hardware=machine(ram_gib=64), pins={})
     assert cpu_only["gpu_shares"] is None and "NVIDIA GPU" in cpu_only["fit_problem"]
+
+
+def test_explain_flags_beat_model_overrides_and_runtime_setting_counts(home: Path) -> None:
+    (home / "settings.json").write_text(json.dumps({"model_overrides": {"tiny": {"ctx_size": 1024}}}))
+    doc = json.loads(cli(home, "explain", "tiny", "--json", "--local", "--ctx-size", "2048").stdout)
+    assert doc["requested"]["ctx_size"] == 2048 and doc["fit"]["chosen"]["ctx_size"] == 2048
+    (home / "settings.json").write_text(json.dumps({"runtime": "llama-server"}))
+    doc = json.loads(cli(home, "explain", "tiny", "--json", "--local").stdout)
+    llama = {r["lane"]: r for r in doc["decision"]["rejections"]}["llama.cpp"]
+    assert doc["decision"]["lane"] is None and llama["kind"] == "not_installed"
+    assert "no executable llama-server" in llama["message"]
+    dead = cli(home, "explain", "tiny", "--url", "http://127.0.0.1:9")
+    assert dead.returncode == 2 and "no Switchyard server answers" in dead.stderr
+
+
+def test_pin_clear_on_a_fresh_home(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    out = cli(fresh, "pin", "tiny", "--clear")
+    assert out.returncode == 0 and "was not pinned" in out.stdout
+
+
+async def test_supervisor_refuses_a_model_pinned_to_a_lane_it_cannot_start(
+    tmp_path: Path, model_store: Path
+) -> None:
+    from app.core.errors import EngineUnavailableError
+    from app.core.paths import Paths
+    from app.core.settings import Settings
+    from app.runtime import Runtime
+
+    models = link_models(tmp_path / "m", model_store / "tiny.gguf")
+    paths = Paths.from_env()
+    paths.ensure()
+    paths.pins_file.write_text(json.dumps({"tiny": "vllm"}))
+    async with Runtime(settings=Settings(models_dirs=(models,)), paths=paths) as rt:
+        with pytest.raises(EngineUnavailableError, match="pinned to vllm"):
+            await rt.supervisor.ensure("tiny")
+        paths.pins_file.write_text(json.dumps({"tiny": "llama.cpp"}))
+        assert (await rt.supervisor.ensure("tiny")).state.value == "ready"

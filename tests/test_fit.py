@@ -30,7 +30,7 @@ def within(predicted: int, measured: int, *, rel: float = 0.05, abs_mib: float =
 
 
 SHAPES = {
-    "tiny": (CHAT, {}),
+    "tiny": (CHAT, {"parallel": 1}),
     "tiny-4-slots": (CHAT, {"parallel": 4}),
     "large": (LARGE, {"parallel": 4}),
     "gqa-1-kv-head": (
@@ -289,3 +289,52 @@ def test_enforce_fit_off_plans_but_does_not_refuse(tmp_path: Path) -> None:
     )
     assert plan.fit is not None and not plan.fit.fits
     assert plan.params.ctx_size == 8 << 20  # the user's choice runs as asked
+
+
+def test_no_offload_when_llama_cpp_sees_no_gpu(big: GGUFLayout) -> None:
+    from app.hardware.model import EngineDevice
+
+    cpu_dev = EngineDevice(
+        name="CPU", description="test cpu", type="cpu", memory_free=None, memory_total=None
+    )
+    hw = dataclasses.replace(machine(ram_gib=64, gpus=(nvidia(24564),)), engine_devices=(cpu_dev,))
+    r = plan_placements(big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw))
+    assert r.verdict == "cpu" and [p.name for p in r.placements] == ["cpu"]  # the CPU-only wheel
+    cuda = EngineDevice(name="CUDA0", description="RTX 4090", type="gpu", memory_free=None, memory_total=None)
+    hw = dataclasses.replace(hw, engine_devices=(cpu_dev, cuda))
+    assert plan_placements(big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw)).verdict == "gpu"
+
+
+def test_integrated_gpus_other_than_apple_are_not_counted_twice(big: GGUFLayout) -> None:
+    igpu = GPUInfo(
+        index=0,
+        vendor="intel",
+        name="Intel UHD 770",
+        memory_total=None,
+        memory_free=None,
+        memory_used=None,
+        driver_version=None,
+        compute_capability=None,
+        unified_memory=True,
+        pci_bus_id="0000:00:02.0",
+        source="sysfs",
+    )
+    hw = machine(ram_gib=16, gpus=(igpu,))
+    r = plan_placements(big, hw, params=FitParams(ctx_size=4096), budget=Budget.of(hw))
+    assert r.verdict == "cpu" and set(Budget.of(hw).devices) == {"CPU"}
+
+
+def test_engine_device_names_match_the_plan() -> None:
+    from app.lanes.footprint import device_name
+
+    assert [
+        device_name(n) for n in ("CPU_Mapped", "CPU_REPACK", "CUDA0", "CUDA1", "Vulkan0", "ROCm2", "Metal")
+    ] == [
+        "CPU",
+        "CPU",
+        "GPU0",
+        "GPU1",
+        "GPU0",
+        "GPU2",
+        "GPU0",
+    ]

@@ -26,7 +26,7 @@ CAPTURED = [
 def test_parse_captured_log_latest_start_only() -> None:
     fp = parse_footprint(CAPTURED)
     assert fp.devices["CPU"]["weights"] == round(97.08 * MIB)
-    assert fp.devices["CUDA0"]["weights"] == round(1024.5 * MIB)
+    assert fp.devices["GPU0"]["weights"] == round(1024.5 * MIB)
     assert fp.devices["CPU"]["kv_cache"] == 64 * MIB
     assert fp.total("compute") == round(16.02 * MIB) + 300 * MIB
     assert fp.devices["CPU"]["output"] == 0

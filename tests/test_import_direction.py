@@ -42,7 +42,17 @@ def test_layers_import_one_way() -> None:
         "formats": ("app.library", "app.lanes", "app.server", "app.runtime", "app.ui"),
         "hardware": ("app.library", "app.lanes", "app.server", "app.runtime", "app.ui"),
         "library": ("app.lanes", "app.server", "app.runtime", "app.ui"),
-        "lanes": ("app.server", "app.runtime", "app.ui"),
+        "fit": (
+            "app.library",
+            "app.lanes",
+            "app.routing",
+            "app.server",
+            "app.runtime",
+            "app.ui",
+            "app.explain",
+        ),
+        "routing": ("app.library", "app.lanes", "app.server", "app.runtime", "app.ui", "app.explain"),
+        "lanes": ("app.server", "app.runtime", "app.ui", "app.explain", "app.doctor"),
         "server": ("app.ui",),
     }
     bad = []

@@ -58,9 +58,21 @@ class Budget:
 
 
 def offload_gpus(hw: Hardware) -> tuple[GPUInfo, ...]:
-    """GPUs llama.cpp can offload to, with a known memory size."""
+    """GPUs the engine can offload to: discrete cards with a known free memory, or Apple's unified GPU.
+
+    When llama.cpp's own device list is known and holds no GPU (the CPU-only wheel), nothing is offloaded,
+    whatever cards the drivers report. Integrated GPUs other than Apple's share the host RAM through
+    drivers llama.cpp rarely uses well; they are left to the CPU path rather than counting that RAM twice.
+    """
+    if hw.engine_devices and not any(d.type in ("gpu", "igpu") for d in hw.engine_devices):
+        return ()
     return tuple(
-        g for g in hw.gpus if (g.memory_free is not None or g.unified_memory) and g.vendor is not None
+        g
+        for g in hw.gpus
+        if g.vendor is not None
+        and (
+            (g.vendor == "apple" and g.unified_memory) or (not g.unified_memory and g.memory_free is not None)
+        )
     )
 
 
@@ -299,7 +311,10 @@ def _report(
     best_ctx = max((p.max_ctx or 0) for p in placements)
     if best_ctx:
         advice.insert(0, f"a context of {best_ctx} or less fits (asked for {params.ctx_size})")
-    summary = f"does not fit: needs {_gib(need)} on the CPU path, {_gib(have)} is free"
+    cpu_free = budget.devices.get("CPU", 0)
+    summary = f"does not fit: needs {_gib(need)} on the CPU path, {_gib(cpu_free)} of RAM is free for it"
+    if have > cpu_free:
+        summary += f" ({_gib(have - cpu_free)} more free on the GPU(s) is not enough for any offload)"
     return FitReport("too_large", summary, None, tuple(placements), tuple(advice), budget.devices)
 
 

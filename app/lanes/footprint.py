@@ -55,9 +55,18 @@ class Footprint:
         return {"devices": self.devices, "totals": totals, "rss_bytes": self.rss_bytes}
 
 
+_GPU_DEV = re.compile(r"^(?:CUDA|ROCm|HIP|Vulkan|SYCL|MUSA|CANN|OpenCL)(\d+)$", re.IGNORECASE)
+
+
 def device_name(raw: str) -> str:
-    """'CPU_Mapped', 'CPU_REPACK' and 'CPU' are all host memory; 'CUDA0' stays 'CUDA0'."""
-    return "CPU" if raw.upper().startswith("CPU") else raw
+    """Names as the memory plan uses them: 'CPU_Mapped', 'CPU_REPACK' and 'CPU' are all host memory
+    ('CPU'); a backend's GPU N ('CUDA0', 'Vulkan1', 'ROCm0') is 'GPU<N>'; Apple's 'Metal' is 'GPU0'."""
+    if raw.upper().startswith("CPU"):
+        return "CPU"
+    m = _GPU_DEV.match(raw)
+    if m:
+        return f"GPU{m[1]}"
+    return "GPU0" if raw.lower().startswith("metal") else raw
 
 
 def parse_footprint(lines: Iterable[str]) -> Footprint:

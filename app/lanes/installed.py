@@ -6,8 +6,9 @@ import importlib.metadata
 import importlib.util
 import shutil
 
+from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
-from app.lanes.llamacpp import find_llama_server, xllamacpp_available
+from app.lanes.llamacpp import choose_runtime, find_llama_server
 from app.routing import LANES, LaneInstall
 
 # lane -> (python module, distribution) or a binary name; lanes Switchyard can start are in RUNNABLE
@@ -32,14 +33,17 @@ def _dist_version(dist: str) -> str | None:
 
 def installed_lanes(settings: Settings) -> dict[str, LaneInstall]:
     out: dict[str, LaneInstall] = {}
-    if xllamacpp_available():
-        out["llama.cpp"] = LaneInstall("llama.cpp", True, f"xllamacpp {_dist_version('xllamacpp')}")
-    elif binary := find_llama_server(settings):
-        out["llama.cpp"] = LaneInstall("llama.cpp", True, f"llama-server at {binary}")
+    try:
+        runtime = choose_runtime(settings)  # the same choice a lane start makes, `runtime` setting included
+    except EngineUnavailableError as exc:
+        out["llama.cpp"] = LaneInstall("llama.cpp", False, None, note=exc.message)
     else:
-        out["llama.cpp"] = LaneInstall(
-            "llama.cpp", False, None, note="neither xllamacpp nor llama-server found"
-        )
+        if runtime == "xllamacpp":
+            out["llama.cpp"] = LaneInstall("llama.cpp", True, f"xllamacpp {_dist_version('xllamacpp')}")
+        else:
+            out["llama.cpp"] = LaneInstall(
+                "llama.cpp", True, f"llama-server at {find_llama_server(settings)}"
+            )
     for lane in LANES:
         if lane in out:
             continue
@@ -55,5 +59,7 @@ def installed_lanes(settings: Settings) -> dict[str, LaneInstall]:
             note = f"{found} is installed, but Switchyard has no {lane} lane yet"
             out[lane] = LaneInstall(lane, False, found, note=note)
         else:
-            out[lane] = LaneInstall(lane, False, None, note=f"Switchyard has no {lane} lane yet (planned)")
+            out[lane] = LaneInstall(
+                lane, False, None, note=f"Switchyard has no {lane} lane yet; it is planned"
+            )
     return out

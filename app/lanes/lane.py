@@ -226,6 +226,7 @@ class Lane:
             raise EngineStartError(f"engine for {self.model_id!r} failed to start: {msg}") from exc
         await self._await_ready(self.proc)
         await asyncio.sleep(0)  # let the readers take the last load lines
+        self.proc.batch_output = True
         self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
         self.started_at = time.time()
         self.last_used = time.time()

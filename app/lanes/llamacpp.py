@@ -161,6 +161,10 @@ def choose_runtime(settings: Settings) -> str:
         return "xllamacpp"
     if settings.runtime in ("auto", "llama-server") and find_llama_server(settings):
         return "llama-server"
+    if settings.runtime == "xllamacpp":
+        raise EngineUnavailableError(
+            "runtime 'xllamacpp' is selected but it is not installed: pip install xllamacpp"
+        )
     if settings.runtime == "llama-server" or settings.llama_server_path:
         where = f"at {settings.llama_server_path}" if settings.llama_server_path else "on PATH"
         lead = (

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+BATCH_INTERVAL_S = 0.05  # well under what fills a pipe buffer at the engine's log rate
+
 
 class LogRing:
     def __init__(self, *, max_lines: int, file: Path | None) -> None:
@@ -28,11 +30,17 @@ class LogRing:
         self.last_output = time.monotonic()
 
     def add(self, line: str) -> None:
-        self.lines.append(line)
+        self.add_many([line])
+
+    def add_many(self, lines: list[str]) -> None:
+        """Append lines to the ring and the log file with one write (engines log a lot per request)."""
+        if not lines:
+            return
+        self.lines.extend(lines)
         self.last_output = time.monotonic()
         if self._fh is not None:
             try:
-                self._fh.write(line + "\n")
+                self._fh.write("\n".join(lines) + "\n")
                 self._fh.flush()
             except OSError as exc:  # a full disk must not stall the engine's pipe: keep the ring only
                 self._fh = None
@@ -54,6 +62,7 @@ class EngineProcess:
         self.proc = proc
         self.ring = ring
         self._on_port = on_port
+        self.batch_output = False
         self._readers = [
             asyncio.create_task(self._read(proc.stdout, "out")),
             asyncio.create_task(self._read(proc.stderr, "err")),
@@ -80,20 +89,35 @@ class EngineProcess:
     async def _read(self, stream: asyncio.StreamReader | None, tag: str) -> None:
         if stream is None:
             return
+        pending = b""
         while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line longer than the buffer: keep what we can
-                raw = await stream.read(65536)
+            if self.batch_output:
+                # once the engine serves, its per-request chatter is read in batches: waking the gateway's
+                # event loop for every log line costs it milliseconds of CPU per request
+                await asyncio.sleep(BATCH_INTERVAL_S)
+            # whole chunks, not lines: one wake-up for everything the engine wrote since the last one
+            raw = await stream.read(1 << 20)
             if not raw:
+                if pending:
+                    self._take([pending], tag)
                 return
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if tag == "out" and line.startswith('{"switchyard"'):
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    msg = json.loads(line)
-                    if msg["switchyard"] == "listening":
-                        self._on_port(int(msg["port"]))
-            self.ring.add(line)
+            parts = (pending + raw).split(b"\n")
+            pending = parts.pop()
+            if len(pending) > 65536:  # a runaway line without a newline: keep it in pieces
+                parts.append(pending)
+                pending = b""
+            self._take(parts, tag)
+
+    def _take(self, parts: list[bytes], tag: str) -> None:
+        lines = [p.decode("utf-8", errors="replace").rstrip("\r") for p in parts]
+        if tag == "out":
+            for line in lines:
+                if line.startswith('{"switchyard"'):
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        msg = json.loads(line)
+                        if msg["switchyard"] == "listening":
+                            self._on_port(int(msg["port"]))
+        self.ring.add_many(lines)
 
     async def drain_output(self, wait_s: float = 1.0) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

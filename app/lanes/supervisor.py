@@ -18,8 +18,9 @@ from pathlib import Path
 
 import aiohttp
 
-from app.core.errors import LaneBusyError, LaneNotFoundError
+from app.core.errors import EngineUnavailableError, LaneBusyError, LaneNotFoundError
 from app.core.events import EventBus
+from app.core.pins import load_pins
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.hardware.probe import read_memory
@@ -44,8 +45,10 @@ class Supervisor:
         bus: EventBus,
         log_dir: Path,
         on_ready: Callable[[Lane], None] | None = None,
+        pins_file: Path | None = None,
     ) -> None:
         self._on_ready = on_ready
+        self.pins_file = pins_file
         self.catalog = catalog
         self.settings = settings
         self.bus = bus
@@ -80,6 +83,12 @@ class Supervisor:
     def _plan_factory(self, entry: ModelEntry) -> LaunchPlan:
         # re-read the catalog at each start: the file may have changed or vanished since
         fresh = self.catalog.get(entry.id)
+        pinned = load_pins(self.pins_file).get(entry.id) if self.pins_file else None
+        if pinned and pinned != "llama.cpp":
+            raise EngineUnavailableError(
+                f"model {entry.id!r} is pinned to {pinned}, which this Switchyard cannot start; "
+                f"`switchyard pin {entry.id} --clear` or pin it to llama.cpp"
+            )
         hw = self.hardware
         if hw is not None:
             # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,

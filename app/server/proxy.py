@@ -44,18 +44,13 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     entry = rt.catalog.get(model)
     if entry.kind != _KIND_FOR_ROUTE[route]:
         raise _kind_error(model, entry.kind, route)
+    headers = {"Content-Type": "application/json"}
+    if body.get("stream") is True:
+        # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
+        # for close keeps that socket out of the pool, where the next request would find it dead
+        headers["Connection"] = "close"
     async with rt.supervisor.use(model) as lane:
-        url = lane.base_url + path
-        try:
-            upstream = await rt.supervisor.http.post(
-                url,
-                data=raw,
-                headers={"Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            )
-        except (aiohttp.ClientError, OSError) as exc:
-            await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
-            raise crashed_error(lane) from exc
+        upstream = await _send(rt.supervisor.http, lane, path, raw, headers)
         try:
             ctype = upstream.headers.get("Content-Type", "")
             if "text/event-stream" in ctype:
@@ -70,7 +65,39 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
             headers = {k: v for k, v in upstream.headers.items() if _keep_header(k)}
             return web.Response(body=data, status=upstream.status, headers=headers)
         finally:
-            upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+            # closing (not releasing) an unfinished answer drops the socket, so the engine stops work for us
+            upstream.close()
+
+
+async def _send(
+    http: aiohttp.ClientSession, lane: Lane, path: str, raw: bytes, headers: dict[str, str]
+) -> aiohttp.ClientResponse:
+    """POST to the engine. A pooled connection the engine closed while idle fails before the engine read
+    anything, so that one case is retried once on a fresh connection; a dead engine is a 502."""
+    for attempt in (1, 2):
+        try:
+            return await http.post(
+                lane.base_url + path,
+                data=raw,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            await asyncio.sleep(0)  # let the lane see an exit first, if the engine died
+            if (
+                attempt == 1
+                and lane.available
+                and lane.proc is not None
+                and lane.proc.proc.returncode is None
+            ):
+                log.debug("engine connection was stale (%s); retrying once", exc)
+                continue
+            await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
+            raise crashed_error(lane) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)
+            raise crashed_error(lane) from exc
+    raise AssertionError("unreachable")
 
 
 def _keep_header(name: str) -> bool:
