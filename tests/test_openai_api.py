@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -199,7 +200,11 @@ def test_health_and_request_log(server: ServerProcess) -> None:
     status, body = raw(server, "/health", method="GET")
     assert status == 200 and body["status"] == "ok"
     raw(server, "/v1/chat/completions", b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}')
-    assert any("POST /v1/chat/completions model=nope status=404" in ln for ln in server.stderr)
+    line = "POST /v1/chat/completions model=nope status=404"
+    deadline = time.monotonic() + 5  # the line is logged after the answer is sent
+    while not any(line in ln for ln in server.stderr) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert any(line in ln for ln in server.stderr)
 
 
 def test_engine_refusal_is_rewrapped_in_our_envelope(server: ServerProcess) -> None:

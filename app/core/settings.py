@@ -45,6 +45,7 @@ class Settings:
     prompt_cache_mib: int = 512
     plan_memory: bool = True
     monitor_interval_s: float = 1.0
+    event_loop: str = "auto"
     enforce_fit: bool = True
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -58,6 +59,8 @@ class Settings:
             raise SettingsError(f"kv_type {self.kv_type!r} is unknown; use one of {', '.join(KV_TYPES)}")
         if self.flash_attn not in FLASH_ATTN:
             raise SettingsError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
+        if self.event_loop not in ("auto", "asyncio", "uvloop"):
+            raise SettingsError("event_loop must be auto, asyncio or uvloop")
         if self.runtime not in RUNTIMES:
             raise SettingsError(f"runtime must be one of {', '.join(RUNTIMES)}")
         for name in ("max_loaded_lanes", "max_embedding_lanes", "parallel"):
