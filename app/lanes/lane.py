@@ -133,6 +133,8 @@ class Lane:
     def _measured_now(self) -> dict[str, Any] | None:
         if self.measured is None or self.state is not LaneState.READY or self.proc is None:
             return None
+        if self.measured.empty:  # the load lines may have arrived just after readiness
+            self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
         out = self.measured.public()
         try:
             p = psutil.Process(self.proc.pid)
