@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app import __version__
+from app import __version__, cli_keys
 from app.core.errors import ServerNotRunningError, SettingsError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import DEFAULT_PORT, FLASH_ATTN, KV_TYPES, RUNTIMES, Settings, load_settings
@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     pin.add_argument("--clear", action="store_true", help="remove the pin")
     _models_dir_arg(pin)
 
+    cli_keys.register(sub)
     sub.add_parser("version", help="print the version")
     sub.add_parser("gui", help="open the desktop window (default)")
     return ap
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "explain": cmd_explain,
         "doctor": cmd_doctor,
         "pin": cmd_pin,
+        "keys": cli_keys.run,
     }
     try:
         if args.command == "version":

@@ -17,6 +17,27 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Hermes 2 Pro / Qwen 2.5 style: tools listed in the system turn, calls as <tool_call>{json}</tool_call>.
+# llama.cpp's template analysis derives its tool-call parser and grammar from this template.
+HERMES_TOOLS = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>\n"
+    "{%- for t in tools %}\n{{ t | tojson }}\n{%- endfor %}\n</tools>\n"
+    'For each call return <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "<|im_end|>\n"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% if m.content %}{{ m.content }}{% endif %}"
+    "{%- for tc in m.tool_calls %}\n<tool_call>\n"
+    '{"name": "{{ tc.function.name }}", "arguments": '
+    "{{ tc.function.arguments | tojson if tc.function.arguments is mapping else tc.function.arguments }}}"
+    "\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -28,6 +49,7 @@ class TinySpec:
     n_ctx_train: int = 2048
     pooling: int | None = None  # 1 = mean: an embedding model
     seed: int = 0
+    chat_template: str = CHATML
 
 
 CHAT = TinySpec()
@@ -77,7 +99,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec = CHAT) -> Path:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(spec.chat_template)
 
     def t(name: str, *shape: int) -> None:
         data = rng.standard_normal(shape).astype(np.float32) * 0.02

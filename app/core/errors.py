@@ -106,3 +106,39 @@ class ServerNotRunningError(SwitchyardError, ConnectionError):
 
 class SettingsError(SwitchyardError, ValueError):
     code = "bad_settings"
+
+
+class ContextLengthExceededError(BadRequestError):
+    """The prompt does not fit the lane's per-request (per-slot) context; the engine would refuse it."""
+
+    code = "context_length_exceeded"
+
+
+class RequestTooLargeError(SwitchyardError):
+    status = 413
+    type = "invalid_request_error"
+    code = "too_large"
+
+
+class RequestTimeoutError(SwitchyardError, TimeoutError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class TooManyRequestsError(SwitchyardError):
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_concurrent_requests"
+
+
+class KeyNotFoundError(SwitchyardError, LookupError):
+    status = 404
+    type = "invalid_request_error"
+    code = "key_not_found"
+
+
+class KeyExistsError(SwitchyardError):
+    status = 409
+    type = "invalid_request_error"
+    code = "key_exists"

@@ -6,10 +6,13 @@ A malformed file is reported with its path and the parser's position, and is nev
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
 
@@ -47,7 +50,18 @@ class Settings:
     monitor_interval_s: float = 1.0
     event_loop: str = "auto"
     enforce_fit: bool = True
+    # request limits (docs/api.md#request-limits)
+    max_body_mib: int = 64
+    max_concurrent_per_client: int = 0
+    idle_timeout_s: float = 60.0
+    body_timeout_s: float = 60.0
+    check_prompt_length: bool = True
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # security (docs/security.md): keys are always required on a non-loopback bind
+    require_api_key: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    allow_remote_admin: bool = False
 
     def __post_init__(self) -> None:
         self._check()
@@ -73,8 +87,16 @@ class Settings:
             raise SettingsError("gpu_layers must be -1 (automatic) or a number of layers")
         if self.prompt_cache_mib < 0:
             raise SettingsError("prompt_cache_mib must be 0 (off) or a size in MiB")
+        if self.max_body_mib < 1:
+            raise SettingsError("max_body_mib must be at least 1")
+        if self.max_concurrent_per_client < 0:
+            raise SettingsError("max_concurrent_per_client must be 0 (unlimited) or a number of requests")
+        for name in ("idle_timeout_s", "body_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be a positive number of seconds")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
+        _check_security(self.allowed_hosts, self.cors_origins)
         for model, over in self.model_overrides.items():
             bad = sorted(set(over) - set(OVERRIDE_KEYS))
             if bad:
@@ -115,6 +137,39 @@ def _check_override(model: str, key: str, value: Any) -> None:
         raise SettingsError(f"{where} must be at least {minimum}, got {value!r}")
 
 
+def _check_security(hosts: tuple[str, ...], origins: tuple[str, ...]) -> None:
+    for h in hosts:
+        bare = h[1:-1] if h.startswith("[") and h.endswith("]") else h
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?", h):
+                raise SettingsError(
+                    f"allowed_hosts entry {h!r} must be a plain host name or address (no scheme, port or "
+                    "'*'), e.g. 'switchyard.lan' or '192.168.1.20'"
+                ) from None
+    for o in origins:
+        parts = urlsplit(o)
+        try:
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError:
+            parts = urlsplit("")
+        if (
+            o.strip() in ("*", "null")
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or "*" in o
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username
+        ):
+            raise SettingsError(
+                f"cors_origins entry {o!r} must be an exact origin, scheme://host[:port], e.g. "
+                "'http://localhost:5173'; '*', 'null' and paths are not allowed"
+            )
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
@@ -148,6 +203,10 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: model_overrides must map model ids to objects")
             values[key] = value
+        elif key in ("allowed_hosts", "cors_origins"):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SettingsError(f"{origin}: {key} must be a list of strings")
+            values[key] = tuple(value)
         elif key == "llama_server_path":
             if value is not None and not isinstance(value, str):
                 raise SettingsError(f"{origin}: llama_server_path must be a path or null")

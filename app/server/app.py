@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import ipaddress
 import json
 import logging
 import os
@@ -16,9 +15,21 @@ from aiohttp import web
 
 from app.core.errors import PortInUseError, SettingsError
 from app.core.paths import Paths
+from app.core.secrets import KeyStore
 from app.core.settings import Settings
 from app.runtime import Runtime
-from app.server import middleware, routes_admin, routes_anthropic, routes_ollama, routes_openai
+from app.server import (
+    auth,
+    limits,
+    metrics,
+    middleware,
+    openapi,
+    routes_admin,
+    routes_anthropic,
+    routes_ollama,
+    routes_openai,
+    routes_responses,
+)
 from app.server.keys import RUNTIME
 
 log = logging.getLogger("switchyard")
@@ -27,20 +38,32 @@ log = logging.getLogger("switchyard")
 def allowed_hosts(settings: Settings) -> set[str]:
     hosts = set(middleware.LOOPBACK_NAMES)
     if settings.host not in ("0.0.0.0", "::"):
-        hosts.add(settings.host.lower())
+        hosts |= auth.host_names(settings.host)
+    if not auth.is_loopback(settings.host):  # reachable from the network: by any of our addresses
+        hosts |= auth.own_addresses()
+    for name in settings.allowed_hosts:
+        hosts |= auth.host_names(name)
     return hosts
 
 
 def make_app(runtime: Runtime) -> web.Application:
+    origins = auth.cors_origins(runtime.settings)
+    stats = metrics.Metrics()
     app = web.Application(
         middlewares=[
+            metrics.middleware(stats),  # outermost: counts every answer, refusals included
             middleware.access_log,
             middleware.errors,
-            middleware.host_guard(allowed_hosts(runtime.settings)),
+            middleware.host_guard(allowed_hosts(runtime.settings), origins=origins),
+            auth.cors_preflight,
+            auth.require_key,
+            limits.middleware(runtime.settings),  # innermost: it needs the client the auth middleware names
         ],
-        client_max_size=64 * 1024 * 1024,
+        client_max_size=runtime.settings.max_body_mib * limits.MIB,
     )
     app[RUNTIME] = runtime
+    app[metrics.METRICS] = stats
+    auth.setup(app, runtime.settings, runtime.paths)
 
     async def runtime_ctx(_: web.Application) -> AsyncIterator[None]:
         async with runtime:
@@ -49,8 +72,11 @@ def make_app(runtime: Runtime) -> web.Application:
     app.cleanup_ctx.append(runtime_ctx)
     app.add_routes(routes_admin.routes)
     app.add_routes(routes_openai.routes)
+    app.add_routes(routes_responses.routes)
     app.add_routes(routes_anthropic.routes)
     app.add_routes(routes_ollama.routes)
+    app.add_routes(metrics.routes)
+    app.add_routes(openapi.routes)
     return app
 
 
@@ -67,25 +93,24 @@ def who_holds(port: int) -> str:
     return "another process"
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None = None) -> None:
-    if not is_loopback(settings.host):
-        # exposing the API needs API keys (planned); until they exist only loopback binds are allowed
+    if not auth.is_loopback(settings.host) and not KeyStore.at(paths):
         raise SettingsError(
-            f"refusing to bind {settings.host}: a non-loopback address would expose the API without an "
-            "API key, and API keys are not available yet; bind 127.0.0.1 (the default)"
+            f"refusing to bind {settings.host}: a non-loopback address exposes the API to the network, and "
+            "no API key exists yet; create one with `switchyard keys create NAME` (give it to each client), "
+            "or bind 127.0.0.1 (the default)"
         )
     runtime = Runtime(settings=settings, paths=paths)
     app = make_app(runtime)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=5,
+        # aiohttp arms this from the moment a connection opens, so it also ends request heads that never
+        # complete (slow-loris), besides idle keep-alive connections
+        keepalive_timeout=settings.idle_timeout_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=False)
     try:

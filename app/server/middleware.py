@@ -73,11 +73,25 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         ms = (time.perf_counter() - t0) * 1000
         model = request.get("model", "-")
-        log.info("%s %s model=%s status=%s %.1fms", request.method, request.path, model, status, ms)
+        client = request.get("client", "-")
+        line = "%s %s model=%s status=%s %.1fms client=%s"
+        log.info(line, request.method, request.path, model, status, ms, client)
 
 
-def host_guard(allowed_hosts: set[str]) -> Middleware:
-    """Refuse requests whose Host is not ours (DNS rebinding) or whose Origin is a foreign site."""
+def normalize_origin(origin: str) -> str:
+    """scheme://host[:port] in lower case, without a default port or trailing slash."""
+    parts = urlsplit(origin.strip().lower())
+    netloc = parts.netloc
+    default = {"http": ":80", "https": ":443"}.get(parts.scheme)
+    if default and netloc.endswith(default):
+        netloc = netloc[: -len(default)]
+    return f"{parts.scheme}://{netloc}"
+
+
+def host_guard(allowed_hosts: set[str], *, origins: frozenset[str] = frozenset()) -> Middleware:
+    """Refuse requests whose Host is not ours (DNS rebinding) or whose Origin is a foreign site.
+
+    `origins` (normalized, from the cors_origins setting) may call from any host name."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -86,15 +100,20 @@ def host_guard(allowed_hosts: set[str]) -> Middleware:
         if name not in allowed_hosts:
             return error_response(
                 403,
-                f"Host {host!r} is not allowed; use http://127.0.0.1 (DNS rebinding protection)",
+                f"Host {host!r} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
+                "the name to allowed_hosts in settings.json",
                 type_="permission_error",
                 code="host_not_allowed",
             )
         origin = request.headers.get("Origin")
-        if origin and (urlsplit(origin).hostname or "").lower() not in allowed_hosts:
+        if (
+            origin
+            and (urlsplit(origin).hostname or "").lower() not in allowed_hosts
+            and normalize_origin(origin) not in origins
+        ):
             return error_response(
                 403,
-                f"Origin {origin!r} is not allowed to call this server",
+                f"Origin {origin!r} is not allowed to call this server; list it in cors_origins",
                 type_="permission_error",
                 code="origin_not_allowed",
             )

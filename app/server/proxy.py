@@ -2,6 +2,7 @@
 
 When the client goes away the upstream request is closed, so llama.cpp frees the slot.
 When the engine dies mid-request the client gets a 502 (or, mid-stream, an error event).
+One rewrite: a named tool_choice becomes the form llama.cpp enforces (see pin_named_tool_choice).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import aiohttp
 from aiohttp import web
@@ -16,6 +18,9 @@ from aiohttp import web
 from app.core.errors import BadRequestError
 from app.lanes.lane import Lane, crashed_error
 from app.server.keys import RUNTIME
+from app.server.limits import check_prompt
+from app.server.metrics import FIRST_BYTE, USAGE, usage_from
+from app.server.translate_engine import pin_named_tool_choice
 from app.server.validate import check, parse_body
 
 log = logging.getLogger("switchyard.proxy")
@@ -40,6 +45,8 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     body = parse_body(raw)
     model = check(body, route)
     request["model"] = model
+    if route == "chat" and (pinned := pin_named_tool_choice(body)) is not None:
+        raw = json.dumps(pinned).encode()  # the one rewrite: llama.cpp would drop a named tool_choice
     rt = request.app[RUNTIME]
     entry = rt.catalog.get(model)
     if entry.kind != _KIND_FOR_ROUTE[route]:
@@ -50,6 +57,8 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
         # for close keeps that socket out of the pool, where the next request would find it dead
         headers["Connection"] = "close"
     async with rt.supervisor.use(model) as lane:
+        if route != "embeddings" and rt.settings.check_prompt_length:
+            await check_prompt(rt.supervisor.http, lane, body, body_bytes=len(raw), route=route)
         upstream = await _send(rt.supervisor.http, lane, path, raw, headers)
         try:
             ctype = upstream.headers.get("Content-Type", "")
@@ -62,6 +71,8 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
                 raise crashed_error(lane) from exc
             if upstream.status >= 400:
                 return _engine_error(upstream.status, data, model)
+            if (usage := usage_from(data)) is not None:
+                request[USAGE] = usage
             headers = {k: v for k, v in upstream.headers.items() if _keep_header(k)}
             return web.Response(body=data, status=upstream.status, headers=headers)
         finally:
@@ -144,9 +155,15 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, lane: 
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
     await resp.prepare(request)
+    prev = last = b""
     try:
+        # the first chunk is read apart so the loop pays nothing for the time-to-first-byte stamp
+        if last := await upstream.content.readany():
+            await resp.write(last)
+            request[FIRST_BYTE] = time.perf_counter()
         async for chunk in upstream.content.iter_any():
             await resp.write(chunk)
+            prev, last = last, chunk  # the usage is in the last events: keep two chunks, parse none
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.info("client went away mid-stream; closing the upstream request")
         return resp
@@ -158,6 +175,8 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, lane: 
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
         return resp
+    if (usage := usage_from(prev + last)) is not None:
+        request[USAGE] = usage
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from app.core.errors import SwitchyardError
+from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane, crashed_error
 
 log = logging.getLogger("switchyard.translate")
@@ -53,9 +53,12 @@ async def post(
     http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]
 ) -> aiohttp.ClientResponse:
     """POST `body` to the lane; an error status is raised as EngineRefusedError (the answer is closed)."""
+    # llama.cpp closes the connection after a streamed answer; once the stream is read to its end the
+    # pool would keep that socket and hand it, dead, to the next request: ask for close instead
+    headers = {"Connection": "close"} if body.get("stream") is True else None
     for attempt in range(2):
         try:
-            upstream = await http.post(lane.base_url + path, json=body, timeout=_NO_TOTAL)
+            upstream = await http.post(lane.base_url + path, json=body, headers=headers, timeout=_NO_TOTAL)
             break
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
             # llama.cpp closes a connection after a cut-off stream; if the pool hands that one out
@@ -163,3 +166,29 @@ def parse_arguments(text: str) -> dict[str, Any]:
     except ValueError:
         return {"arguments": text}
     return value if isinstance(value, dict) else {"arguments": value}
+
+
+def pin_named_tool_choice(chat: dict[str, Any]) -> dict[str, Any] | None:
+    """A chat body with a named tool_choice, as llama.cpp can honour it; None when there is none.
+
+    llama.cpp takes tool_choice only as a string: `{"type": "function", "function": {"name": N}}`
+    is dropped with a warning and the model may answer without a call. Offering only N and
+    requiring a call is the same request in a form the engine enforces (with its tool grammar)."""
+    choice = chat.get("tool_choice")
+    if not isinstance(choice, dict) or choice.get("type") != "function":
+        return None
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    tools = chat.get("tools")
+    if not isinstance(name, str) or not isinstance(tools, list):
+        return None
+    keep = [
+        t
+        for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") == name
+    ]
+    if not keep:
+        raise BadRequestError(
+            f"tool_choice names function {name!r}, which is not among 'tools'", param="tool_choice"
+        )
+    return {**chat, "tools": keep, "tool_choice": "required"}

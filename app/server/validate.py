@@ -24,7 +24,13 @@ _COMMON: dict[str, tuple[tuple[type, ...], str]] = {
 ROUTES: dict[str, dict[str, Any]] = {
     "chat": {
         "required": ("model", "messages"),
-        "fields": {"messages": ((list,), "a list of message objects")},
+        "fields": {
+            "messages": ((list,), "a list of message objects"),
+            "tools": ((list,), "a list of tool objects"),
+            "tool_choice": ((str, dict), "'none', 'auto', 'required' or a named function object"),
+            "parallel_tool_calls": ((bool,), "true or false"),
+            "response_format": ((dict,), "an object"),
+        },
     },
     "completions": {
         "required": ("model", "prompt"),
@@ -65,6 +71,9 @@ def check(body: dict[str, Any], route: str) -> str:
             v = body[name]
             if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
                 raise BadRequestError(f"field {name!r} must be {desc}, got {type(v).__name__}", param=name)
+    usage = (body.get("stream_options") or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise BadRequestError("stream_options.include_usage must be true or false", param="stream_options")
     model = body["model"]
     if not model.strip():
         raise BadRequestError("field 'model' is empty; name a model from GET /v1/models", param="model")
@@ -77,6 +86,7 @@ def check(body: dict[str, Any], route: str) -> str:
                 raise BadRequestError(
                     f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
                 )
+        _check_tool_shapes(body)
     if route == "embeddings":
         fmt = body.get("encoding_format")
         if fmt is not None and fmt not in ("float", "base64"):
@@ -84,3 +94,38 @@ def check(body: dict[str, Any], route: str) -> str:
         if isinstance(body["input"], list) and not body["input"]:
             raise BadRequestError("'input' is empty", param="input")
     return str(model)
+
+
+def _check_tool_shapes(body: dict[str, Any]) -> None:
+    """`tools` and `messages[i].tool_calls` in the OpenAI shape: llama.cpp answers 500 to others."""
+    for i, tool in enumerate(body.get("tools") or ()):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not _named(fn):
+            raise BadRequestError(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name": "...", ...}}}}',
+                param=f"tools[{i}]",
+            )
+    for i, m in enumerate(body["messages"]):
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise BadRequestError(f"messages[{i}].tool_calls must be a list", param=f"messages[{i}]")
+        for j, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if (
+                not isinstance(call, dict)
+                or call.get("type") != "function"
+                or not _named(fn)
+                or not isinstance(args, str | None)
+            ):
+                raise BadRequestError(
+                    f'messages[{i}].tool_calls[{j}] must be {{"id": "...", "type": "function", '
+                    f'"function": {{"name": "...", "arguments": "<JSON text>"}}}}',
+                    param=f"messages[{i}]",
+                )
+
+
+def _named(fn: Any) -> bool:
+    return isinstance(fn, dict) and isinstance(fn.get("name"), str)

@@ -1,0 +1,318 @@
+"""`GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand.
+
+Per request the middleware does a few dict increments after the answer; streams add one timestamp when
+the first chunk goes out (set by the proxy under FIRST_BYTE) and token counts come from the usage the
+proxy found in the last bytes of the answer (USAGE). Lane figures are read from the supervisor at scrape
+time, so they are exact and cost nothing between scrapes. State lives on a `Metrics` object in the
+application (METRICS), never in module globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from app import __version__
+from app.lanes.lane import Lane, LaneState
+from app.server.keys import RUNTIME
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TTFB_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answer was complete
+
+# set by the handlers, read by the middleware once the request is done
+FIRST_BYTE: web.RequestKey[float] = web.RequestKey("first_byte_at", float)
+USAGE: web.RequestKey[tuple[int, int]] = web.RequestKey("usage", tuple)
+
+
+class Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
+_Labels = tuple[str, ...]
+
+
+class Metrics:
+    """Counters and histograms of the gateway; `render` adds the lanes' figures at scrape time."""
+
+    def __init__(self) -> None:
+        self.requests: dict[_Labels, int] = {}  # route, method, model, status, client
+        self.errors: dict[_Labels, int] = {}  # route, model, status, code, client
+        self.duration: dict[_Labels, Histogram] = {}  # route, model
+        self.ttfb: dict[_Labels, Histogram] = {}  # route, model
+        self.tokens_in: dict[_Labels, int] = {}  # model, client
+        self.tokens_out: dict[_Labels, int] = {}  # model, client
+        self.in_flight = 0
+        self.download_bytes = 0  # downloads arrive in a later release; the series exists from now on
+        self.started = time.time()
+
+    def record(
+        self, request: web.Request, *, status: int, seconds: float, t0: float, resp: web.StreamResponse | None
+    ) -> None:
+        info = request.match_info
+        resource = info.route.resource
+        route = resource.canonical if resource is not None else "-"
+        # an unknown model name is the client's text: keep it out of the labels (cardinality)
+        model = str(request.get("model", "-")) if status != 404 else "-"
+        client = str(request.get("client", "-"))
+        key = (route, request.method, model, str(status), client)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        short = (route, model)
+        hist = self.duration.get(short)
+        if hist is None:
+            hist = self.duration[short] = Histogram(DURATION_BUCKETS)
+        hist.observe(seconds)
+        first = request.get(FIRST_BYTE)
+        if first is not None:
+            hist = self.ttfb.get(short)
+            if hist is None:
+                hist = self.ttfb[short] = Histogram(TTFB_BUCKETS)
+            hist.observe(max(0.0, first - t0))
+        usage = request.get(USAGE)
+        if usage is not None:
+            tk = (model, client)
+            self.tokens_in[tk] = self.tokens_in.get(tk, 0) + usage[0]
+            self.tokens_out[tk] = self.tokens_out.get(tk, 0) + usage[1]
+        if status >= 400:
+            ek = (route, model, str(status), error_code(resp), client)
+            self.errors[ek] = self.errors.get(ek, 0) + 1
+
+    def render(self, lanes: Iterable[Lane]) -> str:
+        out: list[str] = []
+        _family(out, "switchyard_info", "gauge", "Switchyard's version.", {("version",): {(__version__,): 1}})
+        _family(
+            out,
+            "switchyard_start_time_seconds",
+            "gauge",
+            "Unix time at which the server started.",
+            {(): {(): self.started}},
+        )
+        _family(
+            out,
+            "switchyard_requests_in_flight",
+            "gauge",
+            "Requests being handled now.",
+            {(): {(): self.in_flight}},
+        )
+        req_labels = ("route", "method", "model", "status", "client")
+        _family(
+            out, "switchyard_requests_total", "counter", "Requests answered.", {req_labels: self.requests}
+        )
+        err_labels = ("route", "model", "status", "code", "client")
+        _family(
+            out,
+            "switchyard_errors_total",
+            "counter",
+            "Requests answered with an error status (4xx or 5xx); code is the error envelope's code.",
+            {err_labels: self.errors},
+        )
+        _histograms(
+            out,
+            "switchyard_request_duration_seconds",
+            "Time from a request's arrival to the end of its answer (the whole stream, for streams).",
+            self.duration,
+        )
+        _histograms(
+            out,
+            "switchyard_time_to_first_byte_seconds",
+            "Streams only: time from a request's arrival to the first chunk written to the client "
+            "(includes a lane start).",
+            self.ttfb,
+        )
+        tok_labels = ("model", "client")
+        _family(
+            out,
+            "switchyard_input_tokens_total",
+            "counter",
+            "Prompt tokens, as the engine reported them.",
+            {tok_labels: self.tokens_in},
+        )
+        _family(
+            out,
+            "switchyard_output_tokens_total",
+            "counter",
+            "Generated tokens, as the engine reported them.",
+            {tok_labels: self.tokens_out},
+        )
+        lanes = list(lanes)
+        states = {(ln.model_id, str(s)): int(ln.state is s) for ln in lanes for s in LaneState}
+        _family(
+            out,
+            "switchyard_lane_state",
+            "gauge",
+            "1 for the state each lane is in, 0 for the others.",
+            {("model", "state"): states},
+        )
+        _family(
+            out,
+            "switchyard_lane_restarts_total",
+            "counter",
+            "Times a lane was started again straight from failed.",
+            {("model",): {(ln.model_id,): ln.restarts for ln in lanes}},
+        )
+        _family(
+            out,
+            "switchyard_lane_in_flight",
+            "gauge",
+            "Requests each lane is serving now.",
+            {("model",): {(ln.model_id,): ln.in_flight for ln in lanes}},
+        )
+        _family(
+            out,
+            "switchyard_download_bytes_total",
+            "counter",
+            "Bytes of model files downloaded (downloads are not available yet: always 0).",
+            {(): {(): self.download_bytes}},
+        )
+        return "\n".join(out) + "\n"
+
+
+def error_code(resp: web.StreamResponse | None) -> str:
+    """The `code` of an OpenAI envelope (Anthropic: the error `type`; Ollama has none: `-`)."""
+    body = getattr(resp, "body", None)
+    if not isinstance(body, bytes) or len(body) > 65536:
+        return "-"
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return "-"
+    if isinstance(err, dict):
+        code = err.get("code") or err.get("type")
+        return code if isinstance(code, str) else "-"
+    return "-"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
+    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _num(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def _family(
+    out: list[str], name: str, kind: str, help_: str, series: dict[tuple[str, ...], dict[Any, Any]]
+) -> None:
+    out.append(f"# HELP {name} {help_}")
+    out.append(f"# TYPE {name} {kind}")
+    for names, values in series.items():
+        for labels in sorted(values):
+            out.append(f"{name}{_labels(names, labels)} {_num(values[labels])}")
+
+
+def _histograms(out: list[str], name: str, help_: str, series: dict[_Labels, Histogram]) -> None:
+    out.append(f"# HELP {name} {help_}")
+    out.append(f"# TYPE {name} histogram")
+    names = ("route", "model")
+    for labels in sorted(series):
+        h = series[labels]
+        running = 0
+        for bound, n in zip((*h.bounds, float("inf")), h.counts, strict=True):
+            running += n
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            bucket = _labels(names, labels, f'le="{le}"')
+            out.append(f"{name}_bucket{bucket} {running}")
+        out.append(f"{name}_sum{_labels(names, labels)} {_num(h.sum)}")
+        out.append(f"{name}_count{_labels(names, labels)} {h.count}")
+
+
+def usage_from(data: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens from an OpenAI answer's `usage`, else llama.cpp's `timings`.
+
+    Looks only for the last occurrence of the key (a key inside a string is escaped, so it cannot match)
+    and decodes that small object alone: cheap on large bodies."""
+    at = data.rfind(b'"usage":')
+    if at >= 0:
+        usage = _object_at(data, at + 8)
+        if usage is not None and isinstance(usage.get("prompt_tokens"), int):
+            out = usage.get("completion_tokens", 0)
+            return usage["prompt_tokens"], out if isinstance(out, int) else 0
+    at = data.rfind(b'"timings":')
+    if at >= 0:
+        t = _object_at(data, at + 10)
+        if t is not None and isinstance(t.get("prompt_n"), int) and isinstance(t.get("predicted_n"), int):
+            cached = t.get("cache_n", 0)
+            return t["prompt_n"] + (cached if isinstance(cached, int) else 0), t["predicted_n"]
+    return None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _object_at(data: bytes, start: int) -> dict[str, Any] | None:
+    text = data[start : start + 4096].decode("utf-8", "replace").lstrip()
+    try:
+        obj, _ = _DECODER.raw_decode(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def middleware(metrics: Metrics) -> Middleware:
+    """Outermost: counts every answer, the refused ones included."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        metrics.in_flight += 1
+        status = 500
+        resp: web.StreamResponse | None = None
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            metrics.in_flight -= 1
+            metrics.record(request, status=status, seconds=time.perf_counter() - t0, t0=t0, resp=resp)
+
+    return record
+
+
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+routes = web.RouteTableDef()
+
+
+@routes.get("/metrics")
+async def scrape(request: web.Request) -> web.Response:
+    """Prometheus metrics in the text exposition format.
+
+    Requests, errors, durations and time to first byte per route and model, tokens per model and
+    client, and the state, restarts and in-flight requests of every lane (read at scrape time)."""
+    lanes = request.app[RUNTIME].supervisor.lanes.values()
+    text = request.app[METRICS].render(lanes)
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

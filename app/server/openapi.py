@@ -1,0 +1,441 @@
+"""`GET /openapi.json`: an OpenAPI 3.1 document generated from the application's route table.
+
+Every route the app serves is listed (HEAD, which each GET also answers, is left out). A summary is the
+first line of the handler's docstring, else a line from SUMMARIES; the rest of the docstring is the
+description. The main OpenAI routes and the error envelopes have hand-written schemas; other bodies are
+described as JSON objects (docs/api.md has them in full).
+
+The committed copy, docs/openapi.json, is regenerated with
+
+    .venv/bin/python -m app.server.openapi          # writes docs/openapi.json
+    .venv/bin/python -m app.server.openapi --check  # exits 1 if the committed copy is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from app import __version__
+
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+_METHODS = ("get", "post", "put", "patch", "delete")
+_TAGS = {
+    "routes_openai": "OpenAI",
+    "routes_responses": "OpenAI",
+    "routes_anthropic": "Anthropic",
+    "routes_ollama": "Ollama",
+    "routes_admin": "Admin",
+    "auth": "Admin",
+    "metrics": "Observability",
+    "openapi": "Observability",
+}
+# for handlers without a docstring (wrapped ones, mostly)
+SUMMARIES = {
+    ("GET", "/v1/models"): "List the servable models",
+    ("GET", "/v1/models/{model_id}"): "One model",
+    ("POST", "/v1/chat/completions"): "Chat completion, passed through to the model's engine",
+    ("POST", "/v1/completions"): "Text completion, passed through to the model's engine",
+    ("POST", "/v1/embeddings"): "Embeddings, passed through to the model's engine",
+    ("POST", "/v1/responses"): "OpenAI Responses API, translated onto chat",
+    ("POST", "/v1/messages"): "Anthropic Messages, translated onto chat",
+    ("POST", "/v1/messages/count_tokens"): "Anthropic token count",
+    ("GET", "/api/tags"): "Ollama: the models",
+    ("GET", "/api/ps"): "Ollama: the loaded models",
+    ("POST", "/api/show"): "Ollama: one model's details",
+    ("POST", "/api/chat"): "Ollama: chat",
+    ("POST", "/api/generate"): "Ollama: generate from a prompt",
+    ("POST", "/api/embed"): "Ollama: embeddings",
+    ("POST", "/api/embeddings"): "Ollama: one embedding (the older endpoint)",
+    ("GET", "/health"): "Liveness and lane counts",
+    ("GET", "/api/version"): "Version",
+    ("GET", "/api/models"): "Every model file found, broken ones included",
+    ("POST", "/api/models/{model_id}/load"): "Start a model's lane and wait until it is ready",
+    ("POST", "/api/models/{model_id}/unload"): "Stop a model's lane",
+    ("GET", "/api/lanes"): "All lanes",
+    ("GET", "/api/lanes/{lane_id}"): "One lane",
+    ("GET", "/api/lanes/{lane_id}/logs"): "The last lines of a lane's engine output",
+    ("GET", "/api/hardware"): "The hardware snapshot",
+    ("GET", "/api/keys"): "List the API keys (names only)",
+    ("POST", "/api/keys"): "Create an API key",
+    ("DELETE", "/api/keys/{name}"): "Revoke an API key",
+}
+_NO_BODY = {("POST", "/api/models/{model_id}/load"), ("POST", "/api/models/{model_id}/unload")}
+_QUERY = {
+    ("GET", "/api/lanes/{lane_id}/logs"): [
+        {
+            "name": "lines",
+            "in": "query",
+            "required": False,
+            "description": "How many lines (default 200).",
+            "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        }
+    ]
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_SAMPLING: dict[str, Any] = {
+    "model": {"type": "string", "description": "A model id from GET /v1/models."},
+    "stream": {"type": "boolean"},
+    "max_tokens": {"type": "integer"},
+    "n": {"type": "integer"},
+    "temperature": {"type": "number"},
+    "top_p": {"type": "number"},
+    "seed": {"type": "integer"},
+    "stop": _STRING_OR_LIST,
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "grammar": {"type": "string", "description": "llama.cpp extension: a GBNF grammar the output follows."},
+}
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"},
+    },
+}
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "description": "The envelope of every Switchyard error outside the Anthropic and Ollama routes.",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string", "description": "What went wrong and what to do next."},
+                    "type": {"type": "string", "description": "An OpenAI error type."},
+                    "param": {"type": ["string", "null"], "description": "The offending request field."},
+                    "code": {"type": ["string", "null"], "description": "Stable, for programs."},
+                    "source": {"type": "string", "enum": ["gateway", "engine"]},
+                },
+            }
+        },
+    },
+    "AnthropicError": {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "kind": {"type": "string", "enum": ["chat", "embedding"]},
+            "loaded": {"type": "boolean"},
+            "state": {"type": "string", "enum": ["stopped", "starting", "ready", "stopping", "failed"]},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
+    },
+    "ChatMessage": {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "description": "system, user, assistant or tool."},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array"}, {"type": "null"}]},
+            "name": {"type": "string"},
+            "tool_calls": {"type": "array"},
+            "tool_call_id": {"type": "string"},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            **_SAMPLING,
+            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+            "max_completion_tokens": {"type": "integer"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+            "response_format": {"type": "object"},
+        },
+        "description": "Other fields reach the engine unchanged (llama.cpp's extensions work).",
+    },
+    "ChatCompletion": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"type": "string"},
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array"},
+                            },
+                        },
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            **_SAMPLING,
+            "prompt": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}},
+                    {"type": "array", "items": {"type": "integer"}},
+                    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+                ]
+            },
+        },
+    },
+    "Completion": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "text_completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+    "EmbeddingRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "description": "An embedding model id from GET /v1/models."},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1}]},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        },
+    },
+    "EmbeddingList": {
+        "type": "object",
+        "required": ["object", "data", "model"],
+        "properties": {
+            "object": {"const": "list"},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer"},
+                        "embedding": {
+                            "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]
+                        },
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+}
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+_OPENAI: dict[tuple[str, str], tuple[str | None, dict[str, Any]]] = {
+    ("GET", "/v1/models"): (None, _json(_ref("ModelList"))),
+    ("GET", "/v1/models/{model_id}"): (None, _json(_ref("Model"))),
+    ("POST", "/v1/chat/completions"): (
+        "ChatCompletionRequest",
+        {
+            "description": "A chat completion, or with `stream: true` the engine's event stream",
+            "content": {"application/json": {"schema": _ref("ChatCompletion")}, **_SSE},
+        },
+    ),
+    ("POST", "/v1/completions"): (
+        "CompletionRequest",
+        {
+            "description": "A completion, or with `stream: true` the engine's event stream",
+            "content": {"application/json": {"schema": _ref("Completion")}, **_SSE},
+        },
+    ),
+    ("POST", "/v1/embeddings"): ("EmbeddingRequest", _json(_ref("EmbeddingList"))),
+}
+_TEXT_ANSWERS = {
+    ("GET", "/metrics"): {"text/plain": {"schema": {"type": "string"}}},
+    ("GET", "/api/events"): _SSE,
+}
+
+
+def _summary(method: str, path: str, handler: Any) -> tuple[str, str | None]:
+    doc = inspect.getdoc(handler)
+    if doc:
+        first, _, rest = doc.partition("\n")
+        return first.strip().rstrip("."), " ".join(rest.split()) or None
+    return SUMMARIES.get((method, path), f"{method} {path}"), None
+
+
+def _error_schema(tag: str) -> dict[str, str]:
+    return _ref({"Anthropic": "AnthropicError", "Ollama": "OllamaError"}.get(tag, "Error"))
+
+
+def _operation(method: str, path: str, handler: Any) -> dict[str, Any]:
+    module = str(getattr(handler, "__module__", "")).rsplit(".", 1)[-1]
+    tag = _TAGS.get(module, module or "Other")
+    summary, description = _summary(method, path, handler)
+    op: dict[str, Any] = {
+        "operationId": re.sub(r"[^A-Za-z0-9]+", "_", f"{method.lower()}{path}").strip("_"),
+        "summary": summary,
+        "tags": [tag],
+    }
+    if description:
+        op["description"] = description
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{([^}]+)}", path)
+    ]
+    params += _QUERY.get((method, path), [])
+    if params:
+        op["parameters"] = params
+    request_schema, ok = _OPENAI.get((method, path), (None, None))
+    if request_schema is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(request_schema)}},
+        }
+    elif method == "POST" and (method, path) not in _NO_BODY:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    if ok is None:
+        text = _TEXT_ANSWERS.get((method, path))
+        ok = {"description": "OK", "content": text} if text else _json({"type": "object"})
+    op["responses"] = {"200": ok, "default": _json(_error_schema(tag), "An error")}
+    return op
+
+
+def document(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI document of every route in `app`'s router."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in app.router.routes():
+        method = route.method.upper()
+        if method.lower() not in _METHODS or route.resource is None:
+            continue  # HEAD mirrors GET; '*' routes have no single operation
+        path = route.resource.canonical
+        paths.setdefault(path, {})[method.lower()] = _operation(method, path, route.handler)
+    ordered = {
+        p: {m: ops[m] for m in _METHODS if m in ops} for p, ops in sorted(paths.items(), key=lambda kv: kv[0])
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Switchyard",
+            "version": __version__,
+            "description": (
+                "Local models behind OpenAI-, Anthropic- and Ollama-compatible APIs. Every GET route also "
+                "answers HEAD. Path parameters named model_id or lane_id may contain '/'. See docs/api.md."
+            ),
+        },
+        "servers": [{"url": "http://127.0.0.1:8686"}],
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+        "paths": ordered,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key as a bearer token.",
+                },
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+    }
+
+
+def render(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/openapi.json")
+async def openapi_json(request: web.Request) -> web.Response:
+    """This document: OpenAPI 3.1, generated from the server's route table"""
+    return web.Response(text=render(document(request.app)), content_type="application/json")
+
+
+def generate() -> str:
+    """The document of the app `serve` builds, made without starting anything (in a scratch home)."""
+    from app.core.paths import Paths
+    from app.core.settings import Settings
+    from app.runtime import Runtime
+    from app.server.app import make_app
+
+    with tempfile.TemporaryDirectory(prefix="switchyard-openapi-") as home:
+        return render(document(make_app(Runtime(settings=Settings(), paths=Paths(home=Path(home))))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.server.openapi", description="Write docs/openapi.json.")
+    ap.add_argument("path", nargs="?", type=Path, default=DOC_PATH)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generated one")
+    args = ap.parse_args(argv)
+    text = generate()
+    if args.check:
+        current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
+        if current != text:
+            print(f"{args.path} is stale; run: python -m app.server.openapi", file=sys.stderr)
+            return 1
+        return 0
+    args.path.write_text(text, encoding="utf-8")
+    print(f"wrote {args.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""OpenAI Responses API: POST /v1/responses, streaming or not, translated onto the lane's chat endpoint.
+
+Errors before the answer starts are the usual OpenAI envelope (raised to the errors middleware);
+once a stream has begun, a failure is an `error` event followed by `response.failed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from app.core.errors import BadRequestError, SwitchyardError
+from app.lanes.lane import Lane
+from app.server.keys import RUNTIME
+from app.server.limits import check_prompt
+from app.server.metrics import FIRST_BYTE, USAGE
+from app.server.translate_engine import post, sse_chunks
+from app.server.translate_responses import ResponseTranslator, sse, to_chat
+from app.server.validate import parse_body
+
+log = logging.getLogger("switchyard.responses")
+routes = web.RouteTableDef()
+
+
+@routes.post("/v1/responses")
+async def create_response(request: web.Request) -> web.StreamResponse:
+    raw = await request.read()
+    call = to_chat(parse_body(raw))
+    request["model"] = call.model
+    rt = request.app[RUNTIME]
+    if rt.catalog.get(call.model).kind != "chat":
+        raise BadRequestError(
+            f"model {call.model!r} is an embedding model; the Responses API needs a chat model "
+            "(embeddings: POST /v1/embeddings)",
+            param="model",
+        )
+    async with rt.supervisor.use(call.model) as lane:
+        if rt.settings.check_prompt_length:
+            try:
+                await check_prompt(rt.supervisor.http, lane, call.chat, body_bytes=len(raw), route="chat")
+            except SwitchyardError as exc:
+                exc.param = "input"  # the prompt is built from instructions and input here
+                raise
+        upstream = await post(rt.supervisor.http, lane, "/v1/chat/completions", call.chat)
+        tr = ResponseTranslator(model=call.model, echo=call.echo)
+        try:
+            if call.stream:
+                return await _stream(request, lane, upstream, tr)
+            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+                async for chunk in chunks:
+                    tr.feed(chunk)
+            tr.finish()
+            request[USAGE] = _usage(tr)
+            return web.json_response(tr.response())
+        finally:
+            upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+
+
+async def _stream(
+    request: web.Request, lane: Lane, upstream: aiohttp.ClientResponse, tr: ResponseTranslator
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await resp.prepare(request)
+    try:
+        await resp.write(sse(tr.start()))
+        try:
+            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+                async for chunk in chunks:
+                    events = tr.feed(chunk)
+                    if events:
+                        await resp.write(sse(events))
+                        if FIRST_BYTE not in request:
+                            request[FIRST_BYTE] = time.perf_counter()
+            await resp.write(sse(tr.finish()))
+            request[USAGE] = _usage(tr)
+        except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as events
+            await resp.write(sse(tr.fail(exc)))
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("client went away mid-stream; closing the upstream request")
+    return resp
+
+
+def _usage(tr: ResponseTranslator) -> tuple[int, int]:
+    """(input, output) tokens for the metrics."""
+    usage = tr.usage()
+    return int(usage["input_tokens"]), int(usage["output_tokens"])
