@@ -290,3 +290,43 @@ def test_engine_start_failure_is_503_with_reason(
     assert "nosucharch" in body["message"]
     assert lane(s.url, "alien")["state"] == "failed"
     assert c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+
+
+def _stream_lines(url: str, body: dict[str, Any]) -> tuple[int, list[str]]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request(
+        "POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"}
+    )
+    resp = conn.getresponse()
+    lines = [ln.decode().rstrip("\r\n") for ln in resp if ln.strip()]
+    conn.close()
+    return resp.status, lines
+
+
+def test_streaming_client_hears_the_loading_phase(
+    start_server: Any, tmp_path: Path, model_store: Path
+) -> None:
+    models = link_models(tmp_path / "m", model_store / "tiny.gguf")
+    write_unknown_arch_gguf(models / "alien.gguf")
+    s = start_server(models)
+    ask = {
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 32,
+        "stream": True,
+        "grammar": 'root ::= "the answer is 42"',
+    }
+    status, lines = _stream_lines(s.url, {"model": "tiny", **ask})
+    assert status == 200 and lines[0].startswith(": switchyard: loading tiny (")
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(ln.removeprefix("data: ")) for ln in lines if ln.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    assert text == "the answer is 42"
+    # once loaded, a stream goes straight to the engine's bytes
+    status, lines = _stream_lines(s.url, {"model": "tiny", **ask})
+    assert status == 200 and lines[0].startswith("data: ")
+    # a start that fails after the stream began ends it with an error event saying why
+    status, lines = _stream_lines(s.url, {"model": "alien", **ask})
+    assert status == 200 and lines[0].startswith(": switchyard: loading alien (")
+    err = json.loads(lines[-1].removeprefix("data: "))["error"]
+    assert err["code"] == "engine_start_failed" and "nosucharch" in err["message"]

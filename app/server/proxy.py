@@ -8,14 +8,16 @@ One rewrite: a named tool_choice becomes the form llama.cpp enforces (see pin_na
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from app.core.errors import BadRequestError
+from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane, crashed_error
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
@@ -24,6 +26,8 @@ from app.server.translate_engine import pin_named_tool_choice
 from app.server.validate import check, parse_body
 
 log = logging.getLogger("switchyard.proxy")
+LOADING_COMMENT_S = 1.0  # how often a waiting stream hears that its model is still loading
+LOAD_FAILED = "switchyard.load_failed"
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 _KIND_FOR_ROUTE = {"chat": "chat", "completions": "chat", "embeddings": "embedding"}
 
@@ -52,10 +56,36 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     if entry.kind != _KIND_FOR_ROUTE[route]:
         raise _kind_error(model, entry.kind, route)
     headers = {"Content-Type": "application/json"}
+    resp: web.StreamResponse | None = None
     if body.get("stream") is True:
         # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
         # for close keeps that socket out of the pool, where the next request would find it dead
         headers["Connection"] = "close"
+        lane_now = rt.supervisor.lanes.get(model)
+        if lane_now is None or not lane_now.available:
+            resp = await _wait_loading(request, rt.supervisor, model)
+            if request.get(LOAD_FAILED):
+                return resp
+    try:
+        return await _forward_ready(request, rt, model, route, path, body, raw, headers, resp)
+    except SwitchyardError as exc:
+        if resp is None:
+            raise
+        await _write_event_error(resp, exc)  # the stream already answered 200: the error goes in it
+        return resp
+
+
+async def _forward_ready(
+    request: web.Request,
+    rt: Any,
+    model: str,
+    route: str,
+    path: str,
+    body: dict[str, Any],
+    raw: bytes,
+    headers: dict[str, str],
+    resp: web.StreamResponse | None,
+) -> web.StreamResponse:
     async with rt.supervisor.use(model) as lane:
         if route != "embeddings" and rt.settings.check_prompt_length:
             await check_prompt(rt.supervisor.http, lane, body, body_bytes=len(raw), route=route)
@@ -63,14 +93,19 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
         try:
             ctype = upstream.headers.get("Content-Type", "")
             if "text/event-stream" in ctype:
-                return await _stream(request, upstream, lane)
+                return await _stream(request, upstream, lane, resp)
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, OSError) as exc:
                 await asyncio.sleep(0.05)
                 raise crashed_error(lane) from exc
             if upstream.status >= 400:
-                return _engine_error(upstream.status, data, model)
+                answer = _engine_error(upstream.status, data, model)
+                if resp is not None:  # headers went out with the loading comments
+                    assert answer.body is not None
+                    await resp.write(b"data: " + bytes(answer.body) + b"\n\n")  # type: ignore[arg-type]
+                    return resp
+                return answer
             if (usage := usage_from(data)) is not None:
                 request[USAGE] = usage
             headers = {k: v for k, v in upstream.headers.items() if _keep_header(k)}
@@ -149,12 +184,54 @@ def _engine_error(status: int, data: bytes, model: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
-async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane) -> web.StreamResponse:
-    resp = web.StreamResponse(status=upstream.status)
-    resp.headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream")
+def _sse_response(status: int = 200) -> web.StreamResponse:
+    resp = web.StreamResponse(status=status)
+    resp.headers["Content-Type"] = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"
+    return resp
+
+
+async def _write_event_error(resp: web.StreamResponse, exc: SwitchyardError) -> None:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await resp.write(f"data: {json.dumps(exc.envelope())}\n\n".encode())
+
+
+async def _wait_loading(request: web.Request, supervisor: Any, model: str) -> web.StreamResponse:
+    """While the model's lane starts, a streaming client gets SSE comment lines naming the phase, so it
+    neither times out nor waits blind. Returns the prepared response; `request[LOAD_FAILED]` is set when
+    the start failed (the error event is written) or the client went away."""
+    resp = _sse_response()
     await resp.prepare(request)
+    start = asyncio.ensure_future(supervisor.ensure(model))
+    start.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
+    t0 = time.monotonic()
+    try:
+        while True:
+            lane = supervisor.lanes.get(model)
+            phase = lane.state.value if lane is not None else "queued"
+            await resp.write(
+                f": switchyard: loading {model} ({phase}, {time.monotonic() - t0:.0f} s)\n\n".encode()
+            )
+            done, _ = await asyncio.wait({start}, timeout=LOADING_COMMENT_S)
+            if done:
+                break
+        start.result()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        request[LOAD_FAILED] = True  # the client went away; the start goes on for the next one
+    except SwitchyardError as exc:
+        request[LOAD_FAILED] = True
+        await _write_event_error(resp, exc)
+    return resp
+
+
+async def _stream(
+    request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane, resp: web.StreamResponse | None = None
+) -> web.StreamResponse:
+    if resp is None:
+        resp = _sse_response(upstream.status)
+        resp.headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream")
+        await resp.prepare(request)
     prev = last = b""
     try:
         # the first chunk is read apart so the loop pays nothing for the time-to-first-byte stamp
