@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -138,6 +139,18 @@ def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
         if alive:
             time.sleep(0.1)
     return alive
+
+
+@contextlib.contextmanager
+def running_server(home: Path, models_dir: Path, *extra: str) -> Iterator[ServerProcess]:
+    """A started `serve` for a module's tests; stopped at the end, and its engines checked gone."""
+    s = ServerProcess(home, models_dir, *extra).wait_ready()
+    try:
+        yield s
+    finally:
+        pids = s.engine_pids()
+        s.stop()
+        wait_gone(pids, 5)
 
 
 @pytest.fixture

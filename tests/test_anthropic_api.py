@@ -14,7 +14,7 @@ import pytest
 
 from app.core.errors import BadRequestError, EngineCrashedError, LaneBusyError, ModelNotFoundError
 from app.server.translate_anthropic import MessageTranslator, StopScanner, error_body, to_openai
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import ServerProcess, link_models, running_server
 
 GRAMMAR = 'root ::= "the answer is 42"'
 PIN = {"grammar": GRAMMAR}
@@ -50,11 +50,8 @@ def tool_history(result: str, *, is_error: bool = False) -> list[dict[str, Any]]
 def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("anthropic")
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
-    s = ServerProcess(base / "home", models).wait_ready()
-    yield s
-    pids = s.engine_pids()
-    s.stop()
-    wait_gone(pids, 5)
+    with running_server(base / "home", models) as s:
+        yield s
 
 
 @pytest.fixture

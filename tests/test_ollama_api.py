@@ -28,7 +28,7 @@ from app.server.translate_ollama import (
     parse_keep_alive,
     shorten,
 )
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import ServerProcess, link_models, running_server
 
 GRAMMAR = 'root ::= "the answer is 42"'
 PIN = {"grammar": GRAMMAR}
@@ -44,11 +44,8 @@ def norm(v: Any) -> float:
 def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("ollama")
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
-    s = ServerProcess(base / "home", models).wait_ready()
-    yield s
-    pids = s.engine_pids()
-    s.stop()
-    wait_gone(pids, 5)
+    with running_server(base / "home", models) as s:
+        yield s
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import ServerProcess, link_models, running_server
 
 GRAMMAR = 'root ::= "the answer is 42"'
 
@@ -24,11 +24,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Itera
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
     (models / "broken.gguf").write_bytes(b"definitely not a gguf")
     # one chat and one embedding lane may be loaded together
-    s = ServerProcess(base / "home", models).wait_ready()
-    yield s
-    pids = s.engine_pids()
-    s.stop()
-    wait_gone(pids, 5)
+    with running_server(base / "home", models) as s:
+        yield s
 
 
 @pytest.fixture

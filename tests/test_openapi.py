@@ -17,7 +17,7 @@ from app.core.settings import Settings
 from app.runtime import Runtime
 from app.server.app import make_app
 from app.server.openapi import DOC_PATH, document
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import ServerProcess, link_models, running_server
 
 OPENAI_PATHS = {
     "/v1/models",
@@ -33,11 +33,8 @@ REGENERATE = ".venv/bin/python -m app.server.openapi"
 def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("openapi")
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
-    s = ServerProcess(base / "home", models).wait_ready()
-    yield s
-    pids = s.engine_pids()
-    s.stop()
-    wait_gone(pids, 5)
+    with running_server(base / "home", models) as s:
+        yield s
 
 
 def fetch(server: ServerProcess) -> tuple[str, str]:

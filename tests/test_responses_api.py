@@ -19,7 +19,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from app.core.errors import EngineCrashedError
 from app.server.translate_responses import ResponseTranslator, to_chat
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import ServerProcess, link_models, running_server
 from tests.tinymodels import HERMES_TOOLS, TinySpec, write_tiny_gguf
 
 GRAMMAR = 'root ::= "the answer is 42"'
@@ -72,11 +72,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Itera
     base = tmp_path_factory.mktemp("responses")
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
     write_tiny_gguf(models / "tools.gguf", TinySpec(seed=3, chat_template=HERMES_TOOLS))
-    s = ServerProcess(base / "home", models, "--max-loaded", "2").wait_ready()
-    yield s
-    pids = s.engine_pids()
-    s.stop()
-    wait_gone(pids, 5)
+    with running_server(base / "home", models, "--max-loaded", "2") as s:
+        yield s
 
 
 @pytest.fixture
