@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.errors import BadRequestError, LaneBusyError, SwitchyardError
+from app.core.errors import LaneBusyError, SwitchyardError
 from app.server.translate_engine import parse_arguments
+from app.server.validate import bad as _bad
+from app.server.validate import typed_field as _field
 
 Event = tuple[str, dict[str, Any]]
 _NUM = (int, float)
@@ -35,20 +37,6 @@ class MessagesCall:
 
 def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex[:24]
-
-
-def _bad(message: str, param: str) -> BadRequestError:
-    return BadRequestError(message, param=param)
-
-
-def _field(body: dict[str, Any], name: str, types: tuple[type, ...], desc: str) -> Any:
-    """`body[name]` when present and of `types` (bool is never a number here), else None."""
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-        raise _bad(f"field {name!r} must be {desc}, got {type(v).__name__}", name)
-    return v
 
 
 # ---- request -------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from app.core.errors import BadRequestError
 from app.library.catalog import ModelEntry
 from app.server.translate_engine import parse_arguments
+from app.server.validate import bad as _bad
 
 LATEST = ":latest"
 FOREVER = "9999-12-31T23:59:59Z"
@@ -78,10 +78,6 @@ def candidate_ids(name: str) -> list[str]:
 
 
 # ---- request fields ------------------------------------------------------------------------------
-def _bad(message: str, param: str) -> BadRequestError:
-    return BadRequestError(message, param=param)
-
-
 def require_model(body: dict[str, Any]) -> str:
     model = body.get("model", body.get("name"))  # older clients send "name"
     if not isinstance(model, str) or not model.strip():

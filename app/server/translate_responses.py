@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.errors import BadRequestError, SwitchyardError
+from app.core.errors import SwitchyardError
 from app.server.translate_engine import pin_named_tool_choice
+from app.server.validate import bad as _bad
+from app.server.validate import typed_field as _field
 
 Event = tuple[str, dict[str, Any]]
 _NUM = (int, float)
@@ -68,20 +70,6 @@ class ResponsesCall:
     stream: bool
     chat: dict[str, Any]
     echo: dict[str, Any]
-
-
-def _bad(message: str, param: str) -> BadRequestError:
-    return BadRequestError(message, param=param)
-
-
-def _field(body: dict[str, Any], name: str, types: tuple[type, ...], desc: str) -> Any:
-    """`body[name]` when present and of `types` (bool is never a number here), else None."""
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-        raise _bad(f"field {name!r} must be {desc}, got {type(v).__name__}", name)
-    return v
 
 
 def new_id(prefix: str) -> str:

@@ -129,3 +129,17 @@ def _check_tool_shapes(body: dict[str, Any]) -> None:
 
 def _named(fn: Any) -> bool:
     return isinstance(fn, dict) and isinstance(fn.get("name"), str)
+
+
+def bad(message: str, param: str) -> BadRequestError:
+    return BadRequestError(message, param=param)
+
+
+def typed_field(body: dict[str, Any], name: str, types: tuple[type, ...], desc: str) -> Any:
+    """`body[name]` when present and of `types` (bool is never a number here), else None."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+        raise bad(f"field {name!r} must be {desc}, got {type(v).__name__}", name)
+    return v
