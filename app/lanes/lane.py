@@ -227,9 +227,15 @@ class Lane:
             self._fail(msg)
             raise EngineStartError(f"engine for {self.model_id!r} failed to start: {msg}") from exc
         await self._await_ready(self.proc)
-        await asyncio.sleep(0)  # let the readers take the last load lines
-        self.proc.batch_output = True
+        # stderr (the buffer sizes) and stdout (the port) are separate pipes: the load lines may still be
+        # on their way when the engine already answers /health, so give the reader a moment to take them
         self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
+        for _ in range(50):
+            if not self.measured.empty:
+                break
+            await asyncio.sleep(0.02)
+            self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
+        self.proc.batch_output = True
         self.started_at = time.time()
         self.last_used = time.time()
         proc = self.proc
