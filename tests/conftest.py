@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.fakehub import FakeHub
 from tests.tinymodels import CHAT, EMBED, LARGE, TinySpec, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +33,15 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     return home
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """A local Hugging Face-compatible hub (tests/fakehub.py); HF_ENDPOINT points at it, online."""
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        yield hub
 
 
 @pytest.fixture(scope="session")
