@@ -62,6 +62,14 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     allow_remote_admin: bool = False
+    # Hugging Face hub and downloads (docs/hub.md); None means: the HF_* environment, then the default
+    hf_endpoint: str | None = None
+    hf_proxy: str | None = None
+    hf_cache_dir: str | None = None
+    offline: bool = False
+    hf_token_file: bool = False  # opt-in: keep the HF token in a 0600 file where no keyring exists
+    download_concurrency: int = 2
+    download_parts: int = 4
 
     def __post_init__(self) -> None:
         self._check()
@@ -94,6 +102,13 @@ class Settings:
         for name in ("idle_timeout_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be a positive number of seconds")
+        for name in ("download_concurrency", "download_parts"):
+            if not 1 <= getattr(self, name) <= 32:
+                raise SettingsError(f"{name} must be between 1 and 32")
+        for name in ("hf_endpoint", "hf_proxy"):
+            value = getattr(self, name)
+            if value is not None and urlsplit(value).scheme not in ("http", "https"):
+                raise SettingsError(f"{name} must be an http:// or https:// URL, got {value!r}")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
         _check_security(self.allowed_hosts, self.cors_origins)
@@ -207,9 +222,9 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SettingsError(f"{origin}: {key} must be a list of strings")
             values[key] = tuple(value)
-        elif key == "llama_server_path":
+        elif key in ("llama_server_path", "hf_endpoint", "hf_proxy", "hf_cache_dir"):
             if value is not None and not isinstance(value, str):
-                raise SettingsError(f"{origin}: llama_server_path must be a path or null")
+                raise SettingsError(f"{origin}: {key} must be a string or null")
             values[key] = value
         else:
             expected = type(default)
