@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app import __version__, cli_keys
+from app import __version__, cli_hub, cli_keys, cli_library, cli_pull
 from app.core.errors import ServerNotRunningError, SettingsError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import DEFAULT_PORT, FLASH_ATTN, KV_TYPES, RUNTIMES, Settings, load_settings
@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     ps = sub.add_parser("ps", help="show the lanes of the running server")
     ps.add_argument("--url", help="server address (default: the one the running server recorded)")
     ps.add_argument("--json", action="store_true", help="machine-readable output")
+    ps.add_argument("--api-key", help="key for a server that requires one (default: $SWITCHYARD_API_KEY)")
 
     ex = sub.add_parser("explain", help="which lane would run a model, why, and whether it fits")
     ex.add_argument("model", help="a model id from `switchyard ls`, or a path to a model file or folder")
@@ -71,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--gpu-layers", type=int, help="evaluate this many GPU layers instead of searching")
     ex.add_argument("--url", help="ask this running server (default: the one recorded, if it answers)")
     ex.add_argument("--local", action="store_true", help="do not ask a running server")
+    ex.add_argument("--api-key", help="key for a server that requires one (default: $SWITCHYARD_API_KEY)")
     ex.add_argument("--json", action="store_true", help="machine-readable output")
 
     doc = sub.add_parser("doctor", help="hardware, engines and anything wrong with this machine's set-up")
@@ -85,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     _models_dir_arg(pin)
 
     cli_keys.register(sub)
+    cli_pull.register(sub)
+    cli_library.register(sub)
+    cli_hub.register(sub)
     sub.add_parser("version", help="print the version")
     sub.add_parser("gui", help="open the desktop window (default)")
     return ap
@@ -154,34 +159,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, paths: Paths) -> int:
-    from app.library.catalog import Catalog
-
-    settings = _settings(args, paths)
-    dirs = settings.models_dirs or (paths.models,)
-    entries = Catalog(dirs).scan()
-    if args.json:
-        print(json.dumps({"dirs": [str(d) for d in dirs], "models": [e.public() for e in entries]}, indent=2))
-        return 0
-    if not entries:
-        print(f"no models in {', '.join(map(str, dirs))} — put .gguf files there")
-        return 0
-    rows = [("ID", "KIND", "ARCH", "CTX", "SIZE", "STATUS")]
-    for e in entries:
-        f = e.facts
-        total = sum(p.stat().st_size for p in (e.parts or (e.path,)) if p.exists())
-        size = f"{total / 2**20:.1f} MiB" if total else "-"
-        rows.append(
-            (
-                e.id,
-                e.kind,
-                f.architecture if f else "-",
-                str(f.context_length) if f and f.context_length else "-",
-                size,
-                "ok" if e.ok else f"broken: {e.problem}",
-            )
-        )
-    _table(rows)
-    return 0
+    return cli_library.cmd_ls(args, paths, _settings(args, paths))  # app/cli_library.py
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
@@ -201,14 +179,13 @@ def _server_url(args: argparse.Namespace, paths: Paths) -> str:
 
 
 def cmd_ps(args: argparse.Namespace, paths: Paths) -> int:
+    from app import remote
+
     url = _server_url(args, paths)
     try:
-        with urllib.request.urlopen(url + "/api/lanes", timeout=5) as r:
-            lanes = json.loads(r.read())["lanes"]
+        lanes = remote.get_json(url, "/api/lanes", key=remote.api_key(args.api_key), timeout=5)["lanes"]
     except (urllib.error.URLError, OSError) as exc:
-        raise ServerNotRunningError(
-            f"no Switchyard server answers at {url} ({exc}); start one with `switchyard serve`"
-        ) from exc
+        raise remote.not_running(url, exc) from exc
     if args.json:
         print(json.dumps({"url": url, "lanes": lanes}, indent=2))
         return 0
@@ -235,7 +212,6 @@ def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
     from app.core.pins import load_pins
     from app.explain import entry_for_path, explain
     from app.hardware.probe import probe
-    from app.library.catalog import Catalog
 
     settings = _settings(args, paths)
     # flags given to explain are about this model: they win over its model_overrides entry
@@ -246,14 +222,18 @@ def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
         over[args.model] = {**over.get(args.model, {}), **flags}
         settings = settings.with_changes(model_overrides=over)
     target = Path(args.model).expanduser()
-    if target.exists():
-        entry = entry_for_path(target.resolve())
-    else:
-        entry = Catalog(settings.models_dirs or (paths.models,)).get(args.model, allow_broken=True)
-    from app.lanes.footprint import FootprintStore
+    from app.library.footprints import LibraryFootprints
 
+    library, catalog = cli_library.open_catalog(settings, paths)  # measured footprints live in library.db
+    try:
+        if target.exists():
+            entry = entry_for_path(target.resolve())
+        else:
+            entry = catalog.get(args.model, allow_broken=True)
+        recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
+    finally:
+        library.close()
     hw = probe(bandwidth_cache=paths.hardware_cache)
-    recorded = FootprintStore(paths.footprints_file).get(entry.id, path=entry.path)
     return explain(entry, settings=settings, hardware=hw, pins=load_pins(paths.pins_file), recorded=recorded)
 
 
@@ -265,13 +245,12 @@ def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | 
     )
     if overrides or args.models_dirs:
         return None  # the server explains with its own settings; evaluate these here
+    from app import remote
+
     url = _server_url(args, paths)
     try:
-        with urllib.request.urlopen(f"{url}/api/models/{args.model}/explain", timeout=30) as r:
-            return dict(json.loads(r.read()))
-    except urllib.error.HTTPError as exc:
-        body = json.loads(exc.read() or b"{}").get("error", {})
-        raise SwitchyardError(body.get("message") or f"server answered HTTP {exc.code}") from exc
+        path = f"/api/models/{args.model}/explain"
+        return dict(remote.get_json(url, path, key=remote.api_key(args.api_key), timeout=30))
     except (urllib.error.URLError, OSError, ValueError) as exc:
         if args.url:  # asked for that server by name: say it did not answer rather than guess
             raise ServerNotRunningError(f"no Switchyard server answers at {url} ({exc})") from exc
@@ -349,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": cmd_doctor,
         "pin": cmd_pin,
         "keys": cli_keys.run,
+        "pull": lambda a, p: cli_pull.cmd_pull(a, p, _settings(a, p)),
+        "update": lambda a, p: cli_pull.cmd_update(a, p, _settings(a, p)),
+        "search": cli_hub.run,
+        "show": cli_hub.run,
+        "hub": cli_hub.run,
+        "import": lambda a, p: cli_library.cmd_import(a, p, _settings(a, p)),
+        "rm": lambda a, p: cli_library.cmd_rm(a, p, _settings(a, p)),
     }
     try:
         if args.command == "version":

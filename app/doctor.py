@@ -6,13 +6,13 @@ import shutil
 import socket
 from typing import Any
 
+from app.cli_library import open_catalog
 from app.core.errors import SettingsError
 from app.core.paths import Paths
 from app.core.pins import load_pins
 from app.core.settings import Settings
 from app.hardware.probe import probe
-from app.lanes.installed import installed_lanes
-from app.library.catalog import Catalog
+from app.lanes.installed import installed_lanes, lane_report
 
 LOW_DISK = 10 << 30
 
@@ -49,9 +49,13 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
     except SettingsError as exc:
         problems.append(_problem("error", exc.message))
     dirs = settings.models_dirs or (paths.models,)
-    entries = Catalog(dirs).scan()
+    library, catalog = open_catalog(settings, paths)
+    try:
+        entries = catalog.scan()
+    finally:
+        library.close()
     for e in entries:
-        if not e.ok:
+        if e.problem is not None:
             problems.append(_problem("warning", f"model {e.id} ({e.path}) is broken: {e.problem}"))
     with socket.socket() as s:
         try:
@@ -68,14 +72,12 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
         "home": str(paths.home),
         "disk_free": free,
         "hardware": hw.public(),
-        "lanes": [
-            {"lane": ln.lane, "installed": ln.installed, "version": ln.version, "note": ln.note}
-            for ln in lanes.values()
-        ],
+        "lanes": lane_report(settings, hw),
         "models": {
             "dirs": [str(d) for d in dirs],
             "servable": sum(e.ok for e in entries),
-            "broken": sum(not e.ok for e in entries),
+            "broken": sum(e.problem is not None for e in entries),
+            "no_lane_yet": sum(e.problem is None and not e.ok for e in entries),
         },
         "problems": problems,
     }
@@ -111,10 +113,16 @@ def render_doctor(r: dict[str, Any]) -> str:
     for ln in r["lanes"]:
         state = "installed" if ln["installed"] else "not available"
         extra = f" - {ln['version']}" if ln["version"] else ""
-        note = f" ({ln['note']})" if ln["note"] else ""
-        lines.append(f"  {ln['lane']:<12} {state}{extra}{note}")
+        if ln.get("can_start"):
+            can = "; can start here"
+        else:
+            can = f"; cannot start here: {ln.get('why_not') or ln['note']}"
+        lines.append(f"  {ln['lane']:<12} {state}{extra}{can}")
     m = r["models"]
-    lines.append(f"models:    {m['servable']} servable, {m['broken']} broken in {', '.join(m['dirs'])}")
+    lines.append(
+        f"models:    {m['servable']} servable, {m['broken']} broken, {m['no_lane_yet']} with no lane yet"
+        f" in {', '.join(m['dirs'])}"
+    )
     if r["problems"]:
         lines.append("notes:")
         lines += [f"  [{p['level']}] {p['message']}" for p in r["problems"]]

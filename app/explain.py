@@ -79,7 +79,7 @@ def explain(
     decision = decide(
         fmt, hardware=hardware, installed=installed_lanes(settings), pins=pins, model_id=entry.id, fit=fit
     )
-    ctx, auto = requested_ctx(entry, settings) if entry.ok else (0, True)
+    ctx, auto = requested_ctx(entry, settings) if entry.ok and entry.facts else (0, True)
     return {
         "model": entry.id,
         "path": str(entry.path),
@@ -211,11 +211,15 @@ def render(doc: dict[str, Any]) -> str:
 
 def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Any) -> str | None:
     """Why `lane` cannot run `model_id` here (None: the pin is fine)."""
+    from app.cli_library import open_catalog
     from app.hardware.probe import probe
-    from app.library.catalog import Catalog
     from app.routing import check_pin
 
-    entry = Catalog(settings.models_dirs or (paths.models,)).get(model_id, allow_broken=True)
+    library, catalog = open_catalog(settings, paths)
+    try:
+        entry = catalog.get(model_id, allow_broken=True)
+    finally:
+        library.close()
     fmt = detect_format(entry.path)
     hw = probe(engine=False)
     report = fit_for(entry, settings, hardware=hw) if entry.ok and fmt.kind is ModelKind.GGUF else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -18,9 +19,16 @@ from app.hardware.bandwidth import load_or_measure
 from app.hardware.model import Hardware
 from app.hardware.monitor import Monitor
 from app.hardware.probe import probe
-from app.lanes.footprint import FootprintStore
+from app.hub.config import hub_config
+from app.hub.download import DownloadManager
+from app.hub.token import TokenStore
+from app.lanes.lane import Lane
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
+from app.library.footprints import LibraryFootprints
+from app.library.store import Library
+
+log = logging.getLogger("switchyard")
 
 
 @dataclass
@@ -35,20 +43,39 @@ class Runtime:
     def __post_init__(self) -> None:
         self.paths.ensure()
         dirs = self.settings.models_dirs or (self.paths.models,)
-        self.catalog = Catalog(dirs)
+        # the library (library.db) is opened here and closed on exit; the catalog reads and records through it
+        self.library = Library.open(self.paths)
+        for notice in self.library.notices:
+            log.warning("%s", notice)
+        self.catalog = Catalog(dirs, library=self.library, hf_cache=hub_config(self.settings).cache_dir)
         self.catalog.scan()
-        self.footprints = FootprintStore(self.paths.footprints_file)
+        self.footprints = LibraryFootprints(self.library)
         self.supervisor = Supervisor(
             catalog=self.catalog,
             settings=self.settings,
             bus=self.bus,
             log_dir=self.paths.lane_logs,
-            on_ready=self.footprints.record,
+            on_ready=self._lane_ready,
             pins_file=self.paths.pins_file,
         )
+        # one token store per process: it holds a session-only token that hub calls and downloads share
+        self.tokens = TokenStore(self.paths, self.settings)
+        # downloads (app/hub/download.py): jobs persist in SWITCHYARD_HOME/downloads and resume on start
+        self.downloads = DownloadManager(
+            settings=self.settings,
+            bus=self.bus,
+            state_dir=self.paths.home / "downloads",
+            token=self.tokens.get,
+            on_complete=self.library.mark_download,
+        )
+
+    def _lane_ready(self, lane: Lane) -> None:
+        self.footprints.record(lane)
+        self.library.touch(lane.model_id)  # last_used_at: when a lane was last started for the model
 
     async def __aenter__(self) -> Runtime:
         await self.supervisor.__aenter__()
+        await self.downloads.__aenter__()
         if self.settings.plan_memory:
             # once, off the event loop: NVML, sysfs and llama.cpp's device list
             self.supervisor.hardware = await asyncio.to_thread(probe, bandwidth_cache=None)
@@ -81,4 +108,6 @@ class Runtime:
         if self._monitor is not None:
             await self._monitor.__aexit__(et, ev, tb)
             self._monitor = None
+        await self.downloads.__aexit__(et, ev, tb)
         await self.supervisor.__aexit__(et, ev, tb)
+        self.library.close()

@@ -105,6 +105,7 @@ class Faults:
     cut_after: int | None = None  # close the connection after this many body bytes
     cut_times: int = 0  # how many GETs are cut (0 = every one while cut_after is set)
     fail_5xx: int = 0  # the next N resolve GETs answer 503
+    api_fail_5xx: int = 0  # the next N API calls (search, model info, whoami) answer fail_status
     fail_status: int = 503
     corrupt: set[str] = field(default_factory=set)  # file paths served with one byte flipped
     delay_per_chunk: float = 0.0  # seconds slept before each 64 KiB chunk
@@ -124,6 +125,7 @@ class FakeHub:
         self.page_size = page_size
         self.served: dict[str, int] = defaultdict(int)  # "repo/path" -> body bytes sent
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.api_calls: list[tuple[str, str]] = []  # (Host header, path) of each /api/ request
         self.url = ""
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,6 +191,7 @@ class FakeHub:
         with self._lock:
             self.served.clear()
             self.requests.clear()
+            self.api_calls.clear()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -294,13 +297,25 @@ class FakeHub:
 
     # --- API routes ---------------------------------------------------------------------------
 
+    def _api_fault(self, request: web.Request) -> web.Response | None:
+        with self._lock:
+            self.api_calls.append((request.host, request.path))
+            if self.faults.api_fail_5xx > 0:
+                self.faults.api_fail_5xx -= 1
+                return self._error(self.faults.fail_status, None, "upstream temporarily unavailable")
+        return None
+
     async def _whoami(self, request: web.Request) -> web.Response:
+        if (fault := self._api_fault(request)) is not None:
+            return fault
         token = self._token(request)
         if token is None:
             return self._error(401, None, "Invalid credentials in Authorization header")
         return web.json_response({"type": "user", "name": "tester", "auth": {"type": "access_token"}})
 
     async def _list_models(self, request: web.Request) -> web.Response:
+        if (fault := self._api_fault(request)) is not None:
+            return fault
         q = request.query
         search = q.get("search", "").lower()
         author = q.get("author")
@@ -341,6 +356,8 @@ class FakeHub:
         return web.json_response(items, headers=headers)
 
     async def _model_info(self, request: web.Request) -> web.Response:
+        if (fault := self._api_fault(request)) is not None:
+            return fault
         repo = self._repo(request)
         if isinstance(repo, web.Response):
             return repo

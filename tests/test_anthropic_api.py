@@ -14,7 +14,9 @@ import pytest
 
 from app.core.errors import BadRequestError, EngineCrashedError, LaneBusyError, ModelNotFoundError
 from app.server.translate_anthropic import MessageTranslator, StopScanner, error_body, to_openai
+from app.server.translate_engine import pin_named_tool_choice
 from tests.conftest import ServerProcess, link_models, running_server
+from tests.tinymodels import HERMES_TOOLS, TinySpec, write_tiny_gguf
 
 GRAMMAR = 'root ::= "the answer is 42"'
 PIN = {"grammar": GRAMMAR}
@@ -23,6 +25,16 @@ WEATHER_TOOL = {
     "name": "get_weather",
     "description": "Weather for a city",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+CLOCK_TOOL = {
+    "name": "get_time",
+    "input_schema": {
+        "type": "object",
+        "properties": {"tz": {"type": "string", "enum": ["UTC"]}},
+        "required": ["tz"],
+    },
 }
 
 
@@ -164,6 +176,59 @@ def test_tool_history_is_accepted_and_reaches_the_prompt(client: anthropic.Anthr
     assert longer > short and failed > short  # the tool result's text and its error mark are in the prompt
 
 
+def test_named_tool_choice_reaches_the_engine_enforced(tmp_path: Path) -> None:
+    """{"type": "tool", "name": N} becomes OpenAI's named object, which the route pins (only N, call
+    required) so llama.cpp enforces it: get_time is called although get_weather is listed first. A
+    random-weights model is forced into the call by a tools-aware template and an assistant prefill
+    (see tests/test_tools_and_formats.py)."""
+    models = tmp_path / "m"
+    models.mkdir()
+    write_tiny_gguf(models / "tools.gguf", TinySpec(seed=3, chat_template=HERMES_TOOLS))
+    weather = {
+        **WEATHER_TOOL,
+        "input_schema": {**WEATHER_TOOL["input_schema"], "properties": {"city": {"enum": ["Paris"]}}},
+    }
+    prefill = [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": "<tool_call>\n"},
+    ]
+    with running_server(tmp_path / "home", models) as s:
+        c = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=120)
+        for _ in range(2):
+            m = c.messages.create(
+                model="tools",
+                max_tokens=300,
+                tools=[weather, CLOCK_TOOL],
+                tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
+                messages=prefill,
+            )
+            calls = [b for b in m.content if b.type == "tool_use"]
+            assert m.stop_reason == "tool_use" and calls
+            assert {b.name for b in calls} == {"get_time"} and calls[0].input == {"tz": "UTC"}
+        # streamed: content_block_start (tool_use), input_json_delta pieces, stop_reason tool_use
+        with c.messages.stream(
+            model="tools",
+            max_tokens=300,
+            tools=[weather, CLOCK_TOOL],
+            tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
+            messages=prefill,
+        ) as stream:
+            kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
+            final = stream.get_final_message()
+        assert ("content_block_delta", "input_json_delta") in kinds and final.stop_reason == "tool_use"
+        streamed = [b for b in final.content if b.type == "tool_use"]
+        assert streamed[0].name == "get_time" and streamed[0].input == {"tz": "UTC"}
+        with pytest.raises(anthropic.BadRequestError) as exc:
+            c.messages.create(
+                model="tools",
+                max_tokens=8,
+                tools=[weather],
+                tool_choice={"type": "tool", "name": "nope"},
+                messages=HI,
+            )
+        assert "not among 'tools'" in str(exc.value)
+
+
 def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as exc:
         client.messages.create(model="claude-sonnet-9", max_tokens=8, messages=HI)
@@ -229,7 +294,9 @@ def test_either_key_header_is_accepted(server: ServerProcess) -> None:
 
 
 def test_engine_refusal_keeps_anthropic_shape(server: ServerProcess) -> None:
-    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "z " * 5000}]}
+    # a grammar the engine cannot parse: its refusal, in Anthropic's shape (an overlong prompt is the
+    # gateway's own 400 now: see test_limits)
+    body = {"model": "tiny", "max_tokens": 2, "messages": HI, "grammar": "root ::= ("}
     r = post(server, "/v1/messages", json.dumps(body).encode())
     assert 400 <= r.status_code < 600
     err = r.json()
@@ -318,9 +385,16 @@ def test_request_translation_choices_images_and_count() -> None:
     base = {"model": "m", "max_tokens": 1, "messages": HI, "tools": [WEATHER_TOOL]}
     assert to_openai({**base, "tool_choice": {"type": "auto"}}).openai["tool_choice"] == "auto"
     assert to_openai({**base, "tool_choice": {"type": "none"}}).openai["tool_choice"] == "none"
-    named = to_openai({**base, "tool_choice": {"type": "tool", "name": "get_weather"}}).openai
+    two = {**base, "tools": [WEATHER_TOOL, CLOCK_TOOL]}
+    named = to_openai({**two, "tool_choice": {"type": "tool", "name": "get_weather"}}).openai
+    # OpenAI's object form of a named choice; the route then pins it as llama.cpp enforces it
     assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert "parallel_tool_calls" not in named
+    pinned = pin_named_tool_choice(named)
+    assert pinned is not None and pinned["tool_choice"] == "required"
+    assert [t["function"]["name"] for t in pinned["tools"]] == ["get_weather"]
+    with pytest.raises(BadRequestError):
+        pin_named_tool_choice(to_openai({**two, "tool_choice": {"type": "tool", "name": "nope"}}).openai)
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}}
     call = to_openai({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [image]}]})
     assert call.has_images is True

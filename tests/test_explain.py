@@ -92,7 +92,7 @@ def test_doctor(home: Path) -> None:
     lanes = {ln["lane"]: ln for ln in r["lanes"]}
     assert lanes["llama.cpp"]["installed"] and "xllamacpp" in lanes["llama.cpp"]["version"]
     assert r["hardware"]["cpu"]["usable_cores"] >= 1 and r["hardware"]["memory"]["total"] > 0
-    assert r["models"] == {"dirs": [str(home / "models")], "servable": 3, "broken": 1}
+    assert r["models"] == {"dirs": [str(home / "models")], "servable": 3, "broken": 1, "no_lane_yet": 0}
     assert any("broken.gguf" in p["message"] and p["level"] == "warning" for p in r["problems"])
     text = cli(home, "doctor").stdout
     assert "lanes:" in text and "llama.cpp    installed" in text and "usable cores" in text

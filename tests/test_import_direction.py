@@ -42,6 +42,16 @@ def test_layers_import_one_way() -> None:
         "formats": ("app.library", "app.lanes", "app.server", "app.runtime", "app.ui"),
         "hardware": ("app.library", "app.lanes", "app.server", "app.runtime", "app.ui"),
         "library": ("app.lanes", "app.server", "app.runtime", "app.ui"),
+        "hub": (
+            "app.fit",
+            "app.routing",
+            "app.library",
+            "app.lanes",
+            "app.server",
+            "app.runtime",
+            "app.ui",
+            "app.explain",
+        ),
         "fit": (
             "app.library",
             "app.lanes",

@@ -20,6 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import ollama
+import openai
 import pytest
 
 from app.core.errors import SettingsError
@@ -137,6 +140,66 @@ def test_prompt_over_the_context_is_400_with_the_counts(server: ServerProcess) -
     )
     assert status == 400 and err["error"]["code"] == "context_length_exceeded"
     assert err["error"]["param"] == "prompt"
+
+
+def _says_the_context(message: str) -> None:
+    n = int(re.search(r"the prompt is (\d+) tokens", message).group(1))  # type: ignore[union-attr]
+    assert n > SLOT_CTX and f"{SLOT_CTX} tokens per request" in message and "ctx_size" in message
+
+
+def test_prompt_over_the_context_on_each_surface_with_its_official_client(server: ServerProcess) -> None:
+    long = "z " * 5000
+    an = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    for stream in (False, True):  # a loaded lane: refused before any event, as a plain 400
+        with pytest.raises(anthropic.BadRequestError) as a_exc:
+            an.messages.create(
+                model="tiny", max_tokens=1, messages=[{"role": "user", "content": long}], stream=stream
+            )
+        assert a_exc.value.status_code == 400 and isinstance(a_exc.value.body, dict)
+        assert a_exc.value.body["type"] == "error"
+        assert a_exc.value.body["error"]["type"] == "invalid_request_error"
+        _says_the_context(a_exc.value.body["error"]["message"])
+    oa = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as o_exc:
+        oa.responses.create(model="tiny", input=long, max_output_tokens=16)
+    assert isinstance(o_exc.value.body, dict) and o_exc.value.body["code"] == "context_length_exceeded"
+    assert o_exc.value.body["param"] == "input"
+    _says_the_context(o_exc.value.body["message"])
+    ol = ollama.Client(host=server.url, timeout=60)
+    calls = [
+        lambda: ol.chat(model="tiny", messages=[{"role": "user", "content": long}]),
+        lambda: list(ol.chat(model="tiny", messages=[{"role": "user", "content": long}], stream=True)),
+        lambda: ol.generate(model="tiny", prompt=long),
+        lambda: ol.generate(model="tiny", prompt=long, raw=True),  # the completions route
+    ]
+    for run in calls:
+        with pytest.raises(ollama.ResponseError) as l_exc:
+            run()
+        assert l_exc.value.status_code == 400
+        _says_the_context(l_exc.value.error)
+    # under the context, the same surfaces answer
+    short = [{"role": "user", "content": "z " * 100}]
+    assert an.messages.create(model="tiny", max_tokens=1, messages=short).type == "message"
+    assert ol.chat(model="tiny", messages=short, options={"num_predict": 1}).done
+
+
+def test_prompt_length_check_can_be_turned_off(tmp_path: Path, model_store: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.json").write_text(json.dumps({"check_prompt_length": False}))
+    s = ServerProcess(home, link_models(tmp_path / "m", model_store / "tiny.gguf")).wait_ready()
+    try:
+        status, err, _ = call(
+            s,
+            "/api/chat",
+            {"model": "tiny", "messages": [{"role": "user", "content": "z " * 5000}], "stream": False},
+        )
+        # the engine decides alone: it refuses the prompt in its own words (no counts from the gateway)
+        assert status == 400 and "tokens per request" not in err["error"]
+    finally:
+        pids = s.engine_pids()
+        s.stop()
+        wait_gone(pids, 5)
 
 
 def test_chat_boundary_agrees_with_the_engine(server: ServerProcess) -> None:
@@ -266,7 +329,25 @@ def test_model_names_never_leave_the_library(server: ServerProcess, name: str) -
     assert status == 404 and err["error"]["code"] == "model_not_found"
     status, err, _ = call(server, "/api/show", {"model": name})
     assert status == 404 and isinstance(err["error"], str)
+    for path, body in (
+        ("/v1/messages", {"model": name, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        ("/v1/responses", {"model": name, "input": "x"}),
+        ("/v1/embeddings", {"model": name, "input": "x"}),
+        ("/api/chat", {"model": name, "messages": [{"role": "user", "content": "x"}], "stream": False}),
+        ("/api/generate", {"model": name, "prompt": "x", "stream": False}),
+        ("/api/embed", {"model": name, "input": "x"}),
+    ):
+        status, err, _ = call(server, path, body)
+        assert status == 404, (path, err)
     for quoted in (name, urllib.parse.quote(name, safe=""), urllib.parse.quote(name, safe="/")):
+        for admin in ("explain", "logs"):
+            route = f"/api/models/{quoted}/explain" if admin == "explain" else f"/api/lanes/{quoted}/logs"
+            status, err, _ = call(server, route, method="GET")
+            assert status == 404 and err["error"]["code"] in (
+                "model_not_found",
+                "lane_not_found",
+                "route_not_found",
+            ), (route, err)
         status, err, _ = call(server, f"/api/models/{quoted}/load")
         assert status == 404 and err["error"]["code"] in ("model_not_found", "route_not_found"), err
         status, err, _ = call(server, f"/v1/models/{quoted}", method="GET")

@@ -101,6 +101,18 @@ def test_runtime_choice_names_what_to_install(tmp_path: Path, catalog: Catalog) 
     assert plan.runtime == "llama-server" and plan.port == 4321 and str(fake) in plan.argv
 
 
+def test_engines_do_not_inherit_secrets(catalog: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_Zq8Xsecret")
+    monkeypatch.setenv("SWITCHYARD_API_KEY", "sy-Zq8Xsecret")
+    monkeypatch.setenv("GITHUB_TOKEN", "gh-Zq8Xsecret")
+    monkeypatch.setenv("HTTPS_PROXY", "http://u:pw@proxy:3128")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    plan = build_plan(catalog.get("tiny"), Settings(), ppid=1, free_port=4321)
+    assert not {"HF_TOKEN", "SWITCHYARD_API_KEY", "GITHUB_TOKEN", "HTTPS_PROXY"} & set(plan.env)
+    assert plan.env["LC_ALL"] == "C.UTF-8" and "PATH" in plan.env
+    assert all("Zq8X" not in v and "pw@" not in v for v in plan.env.values())
+
+
 def test_usable_cores_respects_affinity() -> None:
     n = usable_cores()
     if hasattr(os, "sched_getaffinity"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -13,10 +14,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.runtime import Runtime
+from app.server.app import make_app
 from app.server.metrics import usage_from
 from tests.conftest import REPO, ServerProcess, link_models, wait_gone
 
@@ -136,7 +142,7 @@ def test_requests_tokens_durations_and_errors_are_counted(server: tuple[ServerPr
 
     ok = {"route": CHAT, "method": "POST", "model": "tiny", "status": "200", "client": "-"}
     # a stream is recorded when the server finishes it, which can be just after the client has read it all
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     samples, types, ctype = scrape(s)
     while value(samples, "switchyard_requests_total", **ok) != 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -182,7 +188,7 @@ def test_histogram_buckets_are_cumulative_and_end_at_the_count(server: tuple[Ser
     s, _ = server
     post(s, CHAT, b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}')
     assert post(s, "/v1/nothing/../at/all", b"{}") == 404
-    samples, _, _ = scrape(s)
+    samples, types, _ = scrape(s)
     unmatched = {"route": "-", "method": "POST", "model": "-", "status": "404", "client": "-"}
     assert value(samples, "switchyard_requests_total", **unmatched) == 1  # never the raw path
     for (name, labels), count in samples.items():
@@ -196,7 +202,8 @@ def test_histogram_buckets_are_cumulative_and_end_at_the_count(server: tuple[Ser
         )
         assert buckets[-1] == (float("inf"), count)
         assert [v for _, v in buckets] == sorted(v for _, v in buckets)
-    assert value(samples, "switchyard_download_bytes_total") == 0
+    assert types["switchyard_download_bytes_total"] == "counter"
+    assert not [k for k in samples if k[0] == "switchyard_download_bytes_total"]  # nothing downloaded
     assert value(samples, "switchyard_requests_in_flight") == 1  # this scrape
 
 
@@ -260,3 +267,86 @@ def test_lane_state_and_restarts_are_read_at_scrape_time(server: tuple[ServerPro
 )
 def test_usage_is_found_in_the_last_bytes(data: bytes, expected: tuple[int, int] | None) -> None:
     assert usage_from(data) == expected
+
+
+# ---- download bytes, from the runtime's event bus ------------------------------------------------
+async def test_download_bytes_are_summed_from_progress_events(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    rt = Runtime(
+        settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
+    )
+    async with TestClient(TestServer(make_app(rt))) as client:
+        publish = rt.bus.publish
+        publish("download.progress", repo="org/model-GGUF", file="m.gguf", delta=1000, done=1000, total=9000)
+        publish("download.progress", repo="org/model-GGUF", file="m.gguf", delta=4000, done=5000, total=9000)
+        publish("download.progress", repo="other/embed", file="e.gguf", delta=7)
+        publish("download.done", repo="org/model-GGUF", delta=999)  # not a progress event
+        publish("download.progress", repo="org/model-GGUF", delta="12")  # not a byte count
+        publish("download.progress", repo="org/model-GGUF", delta=True)
+        publish("download.progress", repo="org/model-GGUF", delta=-5)
+        publish("download.progress", repo="other/embed", delta=3)  # the last: all before it are counted
+        deadline = time.monotonic() + 10
+        while True:
+            r = await client.get("/metrics")
+            samples, types = parse(await r.text())
+            if value(samples, "switchyard_download_bytes_total", repo="other/embed") == 10:
+                break
+            assert time.monotonic() < deadline, "the progress events were not counted"
+            await asyncio.sleep(0.05)
+        assert types["switchyard_download_bytes_total"] == "counter"
+        assert value(samples, "switchyard_download_bytes_total", repo="org/model-GGUF") == 5000
+        publish("download.progress", repo="org/model-GGUF", delta=1)
+        for _ in range(200):
+            samples, _ = parse(await (await client.get("/metrics")).text())
+            if value(samples, "switchyard_download_bytes_total", repo="org/model-GGUF") == 5001:
+                break
+            await asyncio.sleep(0.05)
+        assert value(samples, "switchyard_download_bytes_total", repo="org/model-GGUF") == 5001
+
+
+async def test_event_stream_carries_request_and_download_events(tmp_path: Path) -> None:
+    """/api/events: a snapshot first, then each answered request (route pattern, status, client, model,
+    never the raw path) and the download manager's events."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    rt = Runtime(
+        settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
+    )
+    async with TestClient(TestServer(make_app(rt))) as client:
+        events = await client.get("/api/events")
+        seen: list[tuple[str, dict[str, Any]]] = []
+
+        async def read_until(kind: str) -> dict[str, Any]:
+            name = ""
+            async with asyncio.timeout(10):
+                while True:
+                    line = (await events.content.readline()).decode().strip()
+                    if line.startswith("event: "):
+                        name = line.removeprefix("event: ")
+                    elif line.startswith("data: "):
+                        seen.append((name, json.loads(line.removeprefix("data: "))))
+                        if name == kind:
+                            return seen[-1][1]
+
+        await read_until("snapshot")
+        assert (await client.get("/v1/models")).status == 200
+        assert (await client.get("/v1/models/nope%2F..%2Fsecret")).status == 404
+        await client.get("/metrics")  # a scrape is not an event: a monitor polling it would flood the stream
+        done = await read_until("request.done")
+        assert {k: done[k] for k in ("route", "method", "status", "client", "model")} == {
+            "route": "/v1/models",
+            "method": "GET",
+            "status": 200,
+            "client": "-",
+            "model": "-",
+        }
+        assert done["seconds"] >= 0
+        missing = await read_until("request.done")
+        assert missing["route"] == "/v1/models/{model_id}" and missing["status"] == 404
+        assert "secret" not in json.dumps(missing)
+        rt.bus.publish("download.progress", repo="org/m", delta=5)
+        progress = await read_until("download.progress")
+        assert progress["repo"] == "org/m" and progress["delta"] == 5
+        assert not [d for k, d in seen if k == "request.done" and d["route"] == "/metrics"]
+        events.close()

@@ -254,6 +254,26 @@ def test_malformed_body_is_ollama_shaped(server: ServerProcess) -> None:
         server.url + "/api/chat", json={"model": "tiny", "messages": HI, "keep_alive": "soon"}, timeout=10
     )
     assert r.status_code == 400 and "keep_alive" in r.json()["error"]
+    # a tool llama.cpp cannot parse would be its 500: the gateway names the shape instead (schemathesis)
+    for tool in ({"type": "function"}, {"type": "function", "function": {"x": 1}}, {"type": "web"}):
+        r = httpx.post(
+            server.url + "/api/chat",
+            json={"model": "tiny", "messages": HI, "tools": [tool], "stream": False},
+            timeout=60,
+        )
+        assert r.status_code == 400 and "tools[0] must be" in r.json()["error"], r.text
+    r = httpx.post(
+        server.url + "/api/chat",
+        json={
+            "model": "tiny",
+            "messages": HI,
+            "tools": [{"type": "function", "function": {"name": "f"}}],  # no parameters: accepted
+            "stream": False,
+            "options": {"num_predict": 2},
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
 
 
 # ---- translator functions ------------------------------------------------------------------------

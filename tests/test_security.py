@@ -36,8 +36,9 @@ def lan_ip() -> str:
     pytest.skip("this machine has no non-loopback IPv4 address")
 
 
-def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SWITCHYARD_HOME=str(home), PYTHON_KEYRING_BACKEND=FAIL_KEYRING)
+def cli(home: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_API_KEY"}  # only the key a test gives
+    env.update(SWITCHYARD_HOME=str(home), PYTHON_KEYRING_BACKEND=FAIL_KEYRING, **extra_env)
     return subprocess.run(
         [sys.executable, "-m", "app", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
@@ -133,14 +134,17 @@ def test_disallowed_origin_gets_403_and_no_cors_headers(local: ServerProcess) ->
     r = req(local.url, Origin="http://evil.example")
     assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
     assert cors_headers(r) == []
-    pre = req(
-        local.url,
-        "/v1/chat/completions",
-        method="OPTIONS",
-        Origin="http://evil.example",
-        Access_Control_Request_Method="POST",
-    )
-    assert pre.status_code == 403 and cors_headers(pre) == []
+    for origin in ("http://evil.example", "http://localhost:3000"):  # foreign, and local but unlisted
+        pre = req(
+            local.url,
+            "/v1/chat/completions",
+            method="OPTIONS",
+            Origin=origin,
+            Access_Control_Request_Method="POST",
+            Access_Control_Request_Private_Network="true",
+        )
+        # Private Network Access: only a listed origin is told it may reach this private address
+        assert pre.status_code in (403, 405) and cors_headers(pre) == [], origin
 
 
 def test_local_unlisted_origin_passes_without_cors_headers(local: ServerProcess) -> None:
@@ -170,8 +174,26 @@ def test_listed_origin_gets_its_exact_origin_and_a_preflight(local: ServerProces
     assert all("*" not in v for k, v in pre.headers.items() if k.lower().startswith("access-control-"))
 
 
+def test_ipv6_loopback_bind_checks_host_too(tmp_path: Path) -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    make_home(tmp_path / "home")
+    s = start(tmp_path / "home", link_models(tmp_path / "models"), "--host", "::1")
+    try:
+        assert s.url.startswith("http://[::1]:")
+        assert req(s.url, "/v1/models").status_code == 200  # Host: [::1]:port, no key needed on loopback
+        r = req(s.url, "/v1/models", Host="attacker.example")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+        assert req(s.url, "/v1/models", Origin="http://evil.example").status_code == 403
+    finally:
+        stop(s)
+
+
 # ---- LAN bind ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("host", ["0.0.0.0", "lan"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "lan"])
 def test_lan_bind_without_a_key_is_refused(tmp_path: Path, host: str) -> None:
     host = lan_ip() if host == "lan" else host
     make_home(tmp_path / "home")
@@ -284,3 +306,94 @@ def test_the_secret_never_shows_in_logs_lists_or_api_output(lan: tuple[ServerPro
     outputs.append((s.home / "keys.json").read_text())
     assert key[-4:] in listed.stdout  # what is shown instead: the last 4 characters
     assert s.stderr and not [o for o in [*outputs, s.stderr_text(), "\n".join(s.stdout)] if key in o]
+
+
+# ---- the CLI against a server that requires keys ------------------------------------------------------
+def test_ps_and_explain_send_the_key_and_say_what_to_do_on_401(tmp_path: Path, model_store: Path) -> None:
+    home = tmp_path / "home"
+    key = make_home(home, {"require_api_key": True}, key="cli")
+    s = start(home, link_models(tmp_path / "models", model_store / "tiny.gguf"))
+    try:
+        # require_api_key: keys are needed on a loopback bind too, by every surface
+        assert req(s.url).status_code == 401 and req(s.url, "/api/tags").status_code == 401
+        assert req(s.url, Authorization=f"Bearer {key}").status_code == 200
+        for command in (["ps"], ["explain", "tiny"]):
+            done = cli(home, *command)
+            assert done.returncode == 2, done.stdout
+            assert "requires an API key" in done.stderr and "--api-key" in done.stderr
+            assert "SWITCHYARD_API_KEY" in done.stderr and "switchyard keys create" in done.stderr
+            done = cli(home, *command, "--api-key", key[:-1] + "x")
+            assert done.returncode == 2 and "refused the API key" in done.stderr
+            assert key not in done.stderr and key[:-1] not in done.stderr
+        done = cli(home, "ps", "--api-key", key)
+        assert done.returncode == 0, done.stderr
+        assert "no lanes yet" in done.stdout
+        done = cli(home, "ps", "--json", SWITCHYARD_API_KEY=key)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["lanes"] == []
+        done = cli(home, "explain", "tiny", "--json", SWITCHYARD_API_KEY=key)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["decision"]["lane"] == "llama.cpp"
+        assert any("/api/models/tiny/explain" in ln and "client=cli" in ln for ln in s.stderr)
+        assert key not in s.stderr_text()
+    finally:
+        stop(s)
+
+
+def test_ps_reaches_a_wildcard_bind_through_loopback(lan: tuple[ServerProcess, str, str]) -> None:
+    s, key, _ = lan
+    recorded = json.loads((s.home / "server.json").read_text())["url"]
+    assert recorded.startswith("http://127.0.0.1:")  # 0.0.0.0 is no address to dial, nor an allowed Host
+    done = cli(s.home, "ps", "--json", "--api-key", key)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["url"] == recorded
+
+
+def test_secrets_planted_in_settings_never_show_in_logs_errors_or_api_output(
+    tmp_path: Path, model_store: Path
+) -> None:
+    """An HF token (the opt-in 0600 file, and HF_TOKEN), a proxy password in settings.json and an API key,
+    against a debug-logging server: every GET route, error answers, refusals and a lane start."""
+    hf_token, password = "hf_plantedTOKENabcdef123456", "pr0xyPASSplanted"
+    home = tmp_path / "home"
+    key = make_home(
+        home,
+        {"hf_token_file": True, "hf_proxy": f"http://user:{password}@127.0.0.1:9", "require_api_key": True},
+        key="editor",
+    )
+    (home / "hf_token").write_text(hf_token)
+    (home / "hf_token").chmod(0o600)
+    models = link_models(tmp_path / "models", model_store / "tiny.gguf")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHON_KEYRING_BACKEND", FAIL_KEYRING)
+        mp.setenv("HF_TOKEN", hf_token)
+        s = ServerProcess(home, models, "--log-level", "debug").wait_ready()
+    try:
+        auth = {"Authorization": f"Bearer {key}"}
+        doc = req(s.url, "/openapi.json", **auth).json()
+        outputs = [
+            req(s.url, path, **auth).text
+            for path, ops in doc["paths"].items()
+            if "get" in ops and "{" not in path and not path.endswith("/events")  # streams: never end
+        ]
+        outputs.append(req(s.url, "/api/lanes/tiny/logs", **auth).text)
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        outputs.append(httpx.post(s.url + "/v1/chat/completions", json=chat, headers=auth, timeout=60).text)
+        outputs.append(req(s.url, "/api/lanes/tiny/logs", **auth).text)  # the engine's own output
+        outputs.append(
+            httpx.post(s.url + "/v1/chat/completions", content=b"{", headers=auth, timeout=30).text
+        )
+        outputs.append(req(s.url, "/v1/models", Authorization=f"Bearer {key}x").text)
+        outputs.append(req(s.url, "/v1/models", Authorization=f"Bearer {hf_token}").text)
+        outputs.append(req(s.url, "/api/tags", x_api_key=password).text)
+    finally:
+        stop(s)
+    logs = s.stderr_text() + "\n".join(s.stdout)
+    assert "status=401" in logs and "POST /v1/chat/completions" in logs  # the log saw those requests
+    files = [f.read_text(errors="replace") for f in home.rglob("*.log") if f.is_file()]  # lane logs
+    assert files  # the engine's output was kept, and is searched too
+    texts = [*outputs, logs, *files]
+    leaks = [(secret[:6], t[:300]) for secret in (hf_token, key) for t in texts if secret in t]
+    assert leaks == []
+    proxy_leaks = [t[:300] for t in texts if password in t]
+    assert proxy_leaks == []

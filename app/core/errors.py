@@ -142,3 +142,158 @@ class KeyExistsError(SwitchyardError):
     status = 409
     type = "invalid_request_error"
     code = "key_exists"
+
+
+# ---- library (app/library) ----------------------------------------------------------------------------
+
+
+class LibraryError(SwitchyardError):
+    """library.db cannot be used as it is (corrupt, written by a newer Switchyard, unwritable)."""
+
+    code = "library_error"
+
+
+class NoLaneForFormatError(ModelBrokenError):
+    """The model is in the library, but no lane can run its format yet (only GGUF on llama.cpp today)."""
+
+    code = "no_lane_for_format"
+
+
+class ImportRefusedError(BadRequestError):
+    """`switchyard import` / POST /api/library/import was given something that is not a model, or a bad id."""
+
+    code = "import_refused"
+
+
+class ModelInUseError(SwitchyardError):
+    """A model cannot be removed while a lane has it loaded."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "model_loaded"
+
+
+class RemoveRefusedError(SwitchyardError, PermissionError):
+    """`rm` would delete the user's own file; it needs --delete-files (delete_files=true)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "remove_refused"
+
+
+# ---- gateway clients (`switchyard ps`, `explain` against a running server) ------------------------
+class ServerAuthError(SwitchyardError):
+    """The running server refused the CLI: it needs an API key, or the key sent is not valid.
+
+    Not a PermissionError: that is an OSError, which the CLI reads as "no server answers"."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+# ---- hub browse (app/hub: search, model detail, remote header reads, token) ---------------------------
+class HubError(SwitchyardError):
+    """The Hugging Face hub (or the mirror in hf_endpoint) could not answer a request."""
+
+    status = 502
+    code = "hub_error"
+
+
+class HubOfflineError(HubError, ConnectionError):
+    """Offline mode (setting `offline` or HF_HUB_OFFLINE) is on: no hub call is made."""
+
+    status = 503
+    code = "hub_offline"
+
+
+class HubUnreachableError(HubError, ConnectionError):
+    """No connection to the hub, a timeout, or a 5xx answer."""
+
+    code = "hub_unreachable"
+
+
+class HubRepoNotFoundError(HubError, LookupError):
+    status = 404
+    type = "invalid_request_error"
+    code = "hub_repo_not_found"
+
+
+class HubFileNotFoundError(HubError, LookupError):
+    """The repository exists but not this revision or file."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "hub_file_not_found"
+
+
+class HubGatedError(HubError, PermissionError):
+    """A gated repository: its license must be accepted on the hub, with a token of that account."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "hub_gated"
+
+
+class HubAuthError(HubError, PermissionError):
+    """The hub refused the token (or a private repository needs one)."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "hub_unauthorized"
+
+
+class RemoteHeaderError(HubError):
+    """A model file's header on the hub cannot be read with Range requests (too large, malformed)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "remote_header_unreadable"
+
+
+class HubTokenError(BadRequestError):
+    """A token given to `switchyard hub login` is empty or malformed, or could not be stored."""
+
+    code = "hub_token_invalid"
+
+
+# ---- downloads (app/hub/download.py, transfer.py; `switchyard pull`/`update`, /api/downloads) -----------
+class DownloadError(SwitchyardError):
+    """A file could not be fetched (after the retries), or the download could not be set up."""
+
+    status = 502
+    code = "download_failed"
+
+
+class DownloadNotFoundError(SwitchyardError, LookupError):
+    status = 404
+    type = "invalid_request_error"
+    code = "download_not_found"
+
+
+class ChecksumMismatchError(DownloadError):
+    """The bytes received do not hash to the sha256 (or git oid) the hub published; they were deleted."""
+
+    code = "checksum_mismatch"
+
+
+class DiskFullError(DownloadError, OSError):
+    """Not enough free space for the download, before it starts or midway (ENOSPC)."""
+
+    status = 507
+    code = "disk_full"
+
+
+class DownloadBusyError(DownloadError):
+    """Another process (a server, another `pull`) is writing the same partial file."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "download_busy"
+
+
+# ---- lanes (app/lanes: engine kinds other than llama.cpp)
+class CapabilityMissingError(BadRequestError):
+    """The model's lane cannot do what the route asks (speech from a chat model, chat from a voice)."""
+
+    code = "capability_missing"

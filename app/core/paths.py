@@ -53,6 +53,16 @@ class Paths:
         return self.home / "footprints.json"
 
     @property
+    def library_db(self) -> Path:
+        """The SQLite catalog (app/library/db.py)."""
+        return self.home / "library.db"
+
+    @property
+    def imported(self) -> Path:
+        """Where `switchyard import` copies models (inside the models folder)."""
+        return self.models / "imported"
+
+    @property
     def hardware_cache(self) -> Path:
         return self.home / "hardware.json"
 

@@ -70,6 +70,12 @@ class Settings:
     hf_token_file: bool = False  # opt-in: keep the HF token in a 0600 file where no keyring exists
     download_concurrency: int = 2
     download_parts: int = 4
+    # desktop window (docs/desktop.md): start the local API when the window opens
+    start_server_with_app: bool = True
+    # lanes other than llama.cpp (docs/engines.md): extra command-line words, split like a shell
+    vllm_extra_args: str = ""
+    sglang_extra_args: str = ""
+    mlx_extra_args: str = ""
 
     def __post_init__(self) -> None:
         self._check()

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from app.core.secrets import Secret
 from app.core.settings import Settings
@@ -34,9 +35,23 @@ class HubConfig:
             "endpoint": self.endpoint,
             "cache_dir": str(self.cache_dir),
             "offline": self.offline,
-            "proxy": self.proxy,
+            "proxy": masked_url(self.proxy),
             "token": "set" if self.token is not None else None,
         }
+
+
+def masked_url(url: str | None) -> str | None:
+    """`http://user:****@proxy:3128`: a proxy URL may carry a password, which is never shown."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:****" if parts.password is not None else "****"
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:

@@ -2,64 +2,67 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import shutil
 
-from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
-from app.lanes.llamacpp import choose_runtime, find_llama_server
+from app.hardware.model import Hardware
+from app.lanes.kind import module_install
+from app.lanes.kinds import engine_kinds
 from app.routing import LANES, LaneInstall
 
-# lane -> (python module, distribution) or a binary name; lanes Switchyard can start are in RUNNABLE
-_PROBES: dict[str, tuple[str, str] | str] = {
+# engines that are known to routing but have no lane module yet: how to see whether one is installed
+_PLANNED: dict[str, tuple[str, str] | str] = {
     "mistral.rs": ("mistralrs", "mistralrs"),
-    "mlx": ("mlx_lm", "mlx-lm"),
-    "vllm": ("vllm", "vllm"),
-    "sglang": ("sglang", "sglang"),
     "sd.cpp": "sd-server",
-    "whisper.cpp": ("pywhispercpp", "pywhispercpp"),
-    "piper": ("piper", "piper-tts"),
 }
-RUNNABLE = frozenset({"llama.cpp"})
-
-
-def _dist_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def installed_lanes(settings: Settings) -> dict[str, LaneInstall]:
+    kinds = engine_kinds()
     out: dict[str, LaneInstall] = {}
-    try:
-        runtime = choose_runtime(settings)  # the same choice a lane start makes, `runtime` setting included
-    except EngineUnavailableError as exc:
-        out["llama.cpp"] = LaneInstall("llama.cpp", False, None, note=exc.message)
-    else:
-        if runtime == "xllamacpp":
-            out["llama.cpp"] = LaneInstall("llama.cpp", True, f"xllamacpp {_dist_version('xllamacpp')}")
-        else:
-            out["llama.cpp"] = LaneInstall(
-                "llama.cpp", True, f"llama-server at {find_llama_server(settings)}"
-            )
     for lane in LANES:
-        if lane in out:
+        if lane in kinds:
+            out[lane] = kinds[lane].install(settings)
             continue
-        probe = _PROBES.get(lane)
+        probe = _PLANNED.get(lane)
         found: str | None = None
         if isinstance(probe, tuple):
-            if importlib.util.find_spec(probe[0]) is not None:
-                found = f"{probe[1]} {_dist_version(probe[1]) or '(version unknown)'}"
+            got = module_install(lane, probe[0], probe[1], hint="")
+            found = got.version if got.installed else None
         elif probe is not None and (path := shutil.which(probe)):
             found = f"{probe} at {path}"
-        if found and lane not in RUNNABLE:
-            # the engine is here, but this Switchyard version cannot drive it yet
-            note = f"{found} is installed, but Switchyard has no {lane} lane yet"
-            out[lane] = LaneInstall(lane, False, found, note=note)
-        else:
-            out[lane] = LaneInstall(
-                lane, False, None, note=f"Switchyard has no {lane} lane yet; it is planned"
-            )
+        note = (
+            f"{found} is installed, but Switchyard has no {lane} lane yet"
+            if found
+            else f"Switchyard has no {lane} lane yet; it is planned"
+        )
+        out[lane] = LaneInstall(lane, False, found, note=note)
     return out
+
+
+def lane_report(settings: Settings, hardware: Hardware | None) -> list[dict[str, object]]:
+    """Every lane for `switchyard doctor`: installed, version, can it start here and why not."""
+    kinds = engine_kinds()
+    rows: list[dict[str, object]] = []
+    for lane, install in installed_lanes(settings).items():
+        kind = kinds.get(lane)
+        refusal = (
+            kind.start_refusal(settings, hardware)
+            if kind is not None
+            else install.note or f"Switchyard has no {lane} lane yet"
+        )
+        rows.append(
+            {
+                "lane": lane,
+                "installed": install.installed,
+                "version": install.version,
+                "note": install.note,
+                "has_lane": kind is not None,
+                "can_start": refusal is None,
+                "why_not": refusal,
+                "capabilities": sorted(kind.offers) if kind else [],
+                "formats": sorted(kind.formats) if kind else [],
+                "memory": kind.memory if kind else None,
+            }
+        )
+    return rows

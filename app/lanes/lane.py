@@ -22,7 +22,7 @@ from app.core.errors import EngineCrashedError, EngineStartError, SwitchyardErro
 from app.core.events import EventBus
 from app.core.settings import Settings
 from app.lanes.footprint import Footprint, parse_footprint
-from app.lanes.llamacpp import LaunchPlan
+from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
 
 
@@ -44,6 +44,7 @@ class Lane:
         *,
         model_id: str,
         kind: str,
+        engine: str = "llama.cpp",
         plan_factory: Callable[[], LaunchPlan],
         settings: Settings,
         bus: EventBus,
@@ -55,6 +56,7 @@ class Lane:
         self.id = model_id
         self.model_id = model_id
         self.kind = kind
+        self.engine = engine  # the lane id of the engine kind; the plan's, once one is made
         self._plan_factory = plan_factory
         self.settings = settings
         self.bus = bus
@@ -115,7 +117,7 @@ class Lane:
             "id": self.id,
             "model": self.model_id,
             "kind": self.kind,
-            "engine": "llama.cpp",
+            "engine": self.plan.engine if self.plan else self.engine,
             "runtime": self.plan.runtime if self.plan else None,
             "state": str(self.state),
             "pid": self.proc.pid if self.proc and self.proc.proc.returncode is None else None,
@@ -230,7 +232,8 @@ class Lane:
         # stderr (the buffer sizes) and stdout (the port) are separate pipes: the load lines may still be
         # on their way when the engine already answers /health, so give the reader a moment to take them
         self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
-        for _ in range(50):
+        # only llama.cpp logs its buffer sizes; other kinds are measured by their resident memory alone
+        for _ in range(50 if self.plan.engine == "llama.cpp" else 0):
             if not self.measured.empty:
                 break
             await asyncio.sleep(0.02)

@@ -11,13 +11,12 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from app.core.errors import EngineUnavailableError, ModelTooLargeError
+from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.fit.memory import MIB, FitParams
 from app.fit.plan import Budget, FitReport, plan_placements
@@ -25,7 +24,11 @@ from app.formats.gguf_layout import read_gguf_layout
 from app.formats.gguf_meta import GGUFProblem
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
+from app.lanes.kind import dist_version
+from app.lanes.plan import LaunchPlan
+from app.lanes.proc import engine_env
 from app.library.catalog import ModelEntry
+from app.routing.model import LaneInstall
 
 DEFAULT_SLOT_CTX = 4096
 
@@ -50,32 +53,6 @@ class LlamaParams:
     @classmethod
     def from_json(cls, text: str) -> LlamaParams:
         return cls(**json.loads(text))
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Everything needed to start one engine process."""
-
-    runtime: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    health_path: str
-    port: int | None  # None: the process reports its port on stdout
-    params: LlamaParams
-    fit: FitReport | None = None
-
-    def public(self) -> dict[str, Any]:
-        return {"runtime": self.runtime, "argv": list(self.argv), "params": dataclasses.asdict(self.params)}
-
-    def predicted(self) -> dict[str, Any] | None:
-        if self.fit is None or self.fit.chosen is None:
-            return None
-        devices = self.fit.chosen.devices
-        return {
-            "placement": self.fit.chosen.name,
-            "devices": [d.public() for d in devices],
-            "total": sum(d.total for d in devices),
-        }
 
 
 def requested_ctx(entry: ModelEntry, settings: Settings) -> tuple[int, bool]:
@@ -182,9 +159,7 @@ def choose_runtime(settings: Settings) -> str:
 
 def worker_argv(params: LlamaParams, *, ppid: int) -> tuple[str, ...]:
     return (
-        sys.executable,
-        "-m",
-        "app.lanes.llamacpp_worker",
+        *module_argv("app.lanes.llamacpp_worker"),  # `python -m`, or the frozen bundle's own program
         "--ppid",
         str(ppid),
         "--params",
@@ -194,9 +169,7 @@ def worker_argv(params: LlamaParams, *, ppid: int) -> tuple[str, ...]:
 
 def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int) -> tuple[str, ...]:
     args = [
-        sys.executable,
-        "-m",
-        "app.lanes.guard",
+        *module_argv("app.lanes.guard"),
         str(ppid),
         "--",
         binary,
@@ -255,7 +228,7 @@ def build_plan(
                     f"(see `switchyard explain {entry.id}`)"
                 )
     params = plan_params(entry, settings, fit=fit)
-    env = dict(os.environ)
+    env = engine_env()
     env["PYTHONUNBUFFERED"] = "1"
     if runtime == "xllamacpp":
         return LaunchPlan(runtime, worker_argv(params, ppid=ppid), env, "/health", None, params, fit)
@@ -263,3 +236,42 @@ def build_plan(
     assert binary is not None
     argv = llama_server_argv(binary, params, port=free_port, ppid=ppid)
     return LaunchPlan(runtime, argv, env, "/health", free_port, params, fit)
+
+
+class LlamaCppKind:
+    """llama.cpp as an engine kind: GGUF language and embedding models, memory planned from the header."""
+
+    lane = "llama.cpp"
+    formats = frozenset({"gguf"})
+    offers = frozenset({"chat", "completions", "tools", "embeddings"})
+    memory = "planned"
+
+    def install(self, settings: Settings) -> LaneInstall:
+        try:
+            runtime = choose_runtime(settings)  # the choice a lane start makes, `runtime` setting included
+        except EngineUnavailableError as exc:
+            return LaneInstall(self.lane, False, None, note=exc.message)
+        if runtime == "xllamacpp":
+            return LaneInstall(self.lane, True, f"xllamacpp {dist_version('xllamacpp')}")
+        return LaneInstall(self.lane, True, f"llama-server at {find_llama_server(settings)}")
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        install = self.install(settings)
+        return None if install.installed else install.note
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        if entry.kind == "embedding":
+            return frozenset({"embeddings"})
+        return frozenset({"chat", "completions", "tools"})
+
+    def build(
+        self,
+        entry: ModelEntry,
+        settings: Settings,
+        *,
+        ppid: int,
+        free_port: int,
+        hardware: Hardware | None,
+        used: Mapping[str, int] | None,
+    ) -> LaunchPlan:
+        return build_plan(entry, settings, ppid=ppid, free_port=free_port, hardware=hardware, used=used)

@@ -20,6 +20,26 @@ from typing import IO
 BATCH_INTERVAL_S = 0.05  # well under what fills a pipe buffer at the engine's log rate
 
 
+# Names an engine never needs and that may hold credentials (an engine inherits the rest of the
+# server's environment: PATH, locale, CUDA_VISIBLE_DEVICES, HF_HUB_OFFLINE ...).
+_SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SWITCHYARD_API_KEY")
+_SECRET_SUFFIXES = ("_TOKEN", "_API_KEY", "_SECRET", "_PASSWORD", "_PASSWD")
+
+
+def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment an engine starts with: the server's, less anything that looks like a secret.
+
+    Proxy variables are kept but stripped too where they carry a password (`http://u:p@host`)."""
+    env = dict(os.environ if base is None else base)
+    for name in list(env):
+        upper = name.upper()
+        if upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES):
+            del env[name]
+        elif upper.endswith("_PROXY") and "@" in env[name]:
+            del env[name]
+    return env
+
+
 class LogRing:
     def __init__(self, *, max_lines: int, file: Path | None) -> None:
         self.lines: deque[str] = deque(maxlen=max_lines)

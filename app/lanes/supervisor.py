@@ -18,16 +18,19 @@ from pathlib import Path
 
 import aiohttp
 
-from app.core.errors import EngineUnavailableError, LaneBusyError, LaneNotFoundError
+from app.core.errors import CapabilityMissingError, LaneBusyError, LaneNotFoundError
 from app.core.events import EventBus
 from app.core.pins import load_pins
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.hardware.probe import read_memory
+from app.lanes.kind import EngineKind
+from app.lanes.kinds import choose_kind, default_kind, engine_kinds
 from app.lanes.lane import Lane, LaneState, lane_slug
-from app.lanes.llamacpp import LaunchPlan, build_plan
+from app.lanes.plan import LaunchPlan
 from app.lanes.proc import LogRing
 from app.library.catalog import Catalog, ModelEntry
+from app.routing.engines import title
 
 
 def free_port() -> int:
@@ -59,6 +62,7 @@ class Supervisor:
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.hardware: Hardware | None = None  # set by the Runtime once probed; None: no memory planning
+        self.kinds: dict[str, EngineKind] = engine_kinds()
 
     async def __aenter__(self) -> Supervisor:
         self._http = aiohttp.ClientSession()
@@ -80,21 +84,47 @@ class Supervisor:
         return self._http
 
     # ---- lanes ---------------------------------------------------------------------------------
+    def kind_for(self, entry: ModelEntry) -> EngineKind:
+        """The engine kind that starts `entry`: its pin, else the first for its format that can start here."""
+        pinned = load_pins(self.pins_file).get(entry.id) if self.pins_file else None
+        return choose_kind(entry, self.settings, kinds=self.kinds, hardware=self.hardware, pinned=pinned)
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        """What `entry` can be asked to do on the lane it runs on (pins and installs aside)."""
+        lane = self.lanes.get(entry.id)
+        kind = self.kinds.get(lane.engine) if lane is not None else None
+        kind = kind or default_kind(entry, self.kinds)
+        return kind.capabilities(entry) if kind is not None else frozenset()
+
+    def capability_error(self, entry: ModelEntry, capability: str) -> CapabilityMissingError | None:
+        """None when `entry` can do `capability`; else a 400 naming the lanes and models that can."""
+        if capability in self.capabilities(entry):
+            return None
+        lanes = [title(k.lane) for k in self.kinds.values() if capability in k.offers]
+        models = []
+        for mid in self.catalog.ids():
+            other = self.catalog.get(mid, allow_broken=True)
+            if other.ok and capability in self.capabilities(other):
+                models.append(mid)
+        kind = default_kind(entry, self.kinds)
+        where = f"runs on {title(kind.lane)}, which" if kind else "has no lane that"
+        by = f"{', '.join(lanes)} lane(s)" if lanes else "no lane"
+        have = f"; models that can: {', '.join(models[:20])}" if models else "; no model here can"
+        return CapabilityMissingError(
+            f"model {entry.id!r} {where} cannot do {capability}; {capability} is done by the {by}{have}",
+            param="model",
+        )
+
     def _plan_factory(self, entry: ModelEntry) -> LaunchPlan:
         # re-read the catalog at each start: the file may have changed or vanished since
         fresh = self.catalog.get(entry.id)
-        pinned = load_pins(self.pins_file).get(entry.id) if self.pins_file else None
-        if pinned and pinned != "llama.cpp":
-            raise EngineUnavailableError(
-                f"model {entry.id!r} is pinned to {pinned}, which this Switchyard cannot start; "
-                f"`switchyard pin {entry.id} --clear` or pin it to llama.cpp"
-            )
+        kind = self.kind_for(fresh)
         hw = self.hardware
         if hw is not None:
             # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,
             # so subtract what the other loaded lanes were planned to take there
             hw = dataclasses.replace(hw, memory=read_memory())
-        return build_plan(
+        plan = kind.build(
             fresh,
             self.settings,
             ppid=os.getpid(),
@@ -102,6 +132,10 @@ class Supervisor:
             hardware=hw,
             used=self.gpu_used(exclude=entry.id),
         )
+        lane = self.lanes.get(entry.id)
+        if lane is not None:
+            lane.engine = kind.lane
+        return plan
 
     def gpu_used(self, *, exclude: str | None = None) -> dict[str, int]:
         used: dict[str, int] = {}
@@ -120,9 +154,11 @@ class Supervisor:
             ring = LogRing(
                 max_lines=self.settings.log_ring_lines, file=self.log_dir / f"{lane_slug(entry.id)}.log"
             )
+            default = default_kind(entry, self.kinds)
             lane = Lane(
                 model_id=entry.id,
                 kind=entry.kind,
+                engine=default.lane if default else "none",
                 plan_factory=lambda: self._plan_factory(entry),
                 settings=self.settings,
                 bus=self.bus,

@@ -1,60 +1,41 @@
-"""The first cut of the library: GGUF files found under the models folders.
+"""The catalog: every model Switchyard can see, found on each scan and recorded in library.db.
 
-`DIR/tiny.gguf` has id `tiny`; `DIR/org/repo/file.gguf` has id `org/repo/file`; a multi-part
-GGUF (`m-00001-of-00003.gguf`) is one model with the id of its stem `m`. Headers are read once
-per (path, size, mtime) and a broken file is listed with its reason, never raised.
+Sources (see sources.py for ids): registered imports, the models folders, and (when given) the Hugging
+Face cache. GGUF headers are read once per (path, size, mtime) — in this process, and across processes
+through library.db — and a broken file is listed with its reason, never raised. Without a `library` the
+catalog works in memory only (tests of the formats, `explain PATH`).
+
+GGUF models, Piper voices and whisper ggml models are servable (`ok`, see model.LANE_FORMATS); other
+formats are listed with their format and kind, and `get()` refuses them with "no lane for format X yet". `org/repo:QUANT` resolves to the HF cache GGUF of that
+repository with that quantization, and `org/repo` to its only GGUF model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from app.core.errors import ModelBrokenError, ModelNotFoundError
-from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf, split_part
+from app.core.errors import ModelBrokenError, ModelNotFoundError, NoLaneForFormatError
+from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
+from app.library.model import FileInfo, ModelEntry, Origin
+from app.library.sources import import_entry, scan_hf_cache, scan_models_dir
+from app.library.store import HeaderKey, Library
 
-
-@dataclass(frozen=True)
-class ModelEntry:
-    id: str
-    path: Path
-    facts: GGUFFacts | None
-    problem: str | None
-    parts: tuple[Path, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.facts is not None and self.problem is None
-
-    @property
-    def kind(self) -> str:
-        if self.facts is None:
-            return "unknown"
-        return "embedding" if self.facts.is_embedding else "chat"
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "path": str(self.path),
-            "format": "gguf",
-            "kind": self.kind,
-            "status": "ok" if self.ok else "broken",
-            "problem": self.problem,
-            "parts": [str(p) for p in self.parts] if len(self.parts) > 1 else [],
-            "facts": self.facts.public() if self.facts else None,
-        }
-
-
-_Key = tuple[str, int, int]
+__all__ = ["Catalog", "FileInfo", "ModelEntry", "Origin"]
 
 
 class Catalog:
-    def __init__(self, dirs: Iterable[Path]) -> None:
+    def __init__(
+        self, dirs: Iterable[Path], *, library: Library | None = None, hf_cache: Path | None = None
+    ) -> None:
         self.dirs = tuple(Path(d) for d in dirs)
-        self._cache: dict[_Key, GGUFFacts | GGUFProblem] = {}
+        self.library = library
+        self.hf_cache = hf_cache
+        self._cache: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
+        self._new_headers: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
         self._entries: dict[str, ModelEntry] = {}
+        self._aliases: dict[str, list[str]] = {}
 
     def _read(self, path: Path) -> GGUFFacts | GGUFProblem:
         try:
@@ -63,48 +44,66 @@ class Catalog:
             return GGUFProblem(f"cannot read the file: {exc.strerror or exc}")
         key = (str(path), st.st_size, st.st_mtime_ns)
         if key not in self._cache:
-            self._cache[key] = read_gguf(path)
+            stored = self.library.header(key) if self.library is not None else None
+            if stored is None:
+                stored = read_gguf(path)
+                self._new_headers[key] = stored
+            self._cache[key] = stored
         return self._cache[key]
 
-    def _scan_dir(self, root: Path) -> Iterable[ModelEntry]:
-        files = sorted(p for p in root.rglob("*") if p.suffix.lower() == ".gguf" and p.is_file())
-        for path in files:
-            if "mmproj" in path.name.lower():
-                continue  # vision projectors belong to a model; they are not models themselves
-            rel = path.relative_to(root).with_suffix("")
-            split = split_part(path)
-            parts: tuple[Path, ...] = (path,)
-            problem: str | None = None
-            if split is not None:
-                stem, idx, total = split
-                if idx != 1:
-                    continue
-                rel = rel.with_name(stem)
-                parts = tuple(
-                    path.with_name(f"{stem}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1)
-                )
-                missing = [p.name for p in parts if not p.exists()]
-                if missing:
-                    problem = f"multi-part model is incomplete: missing {', '.join(missing)}"
-            read = self._read(path)
-            if isinstance(read, GGUFProblem):
-                yield ModelEntry(rel.as_posix(), path, None, read.reason, parts)
-            else:
-                yield ModelEntry(rel.as_posix(), path, read if problem is None else None, problem, parts)
+    def header(self, path: Path) -> GGUFFacts | GGUFProblem:
+        """The GGUF facts of `path`, read once per (path, size, mtime)."""
+        return self._read(path)
+
+    def _found(self) -> list[ModelEntry]:
+        found: list[ModelEntry] = []
+        claimed: set[Path] = set()
+        if self.library is not None:
+            for mid, source, location, path in self.library.imports():
+                e = import_entry(mid, location, path, source=source, read=self._read)
+                found.append(e)
+                claimed |= {e.path, *e.parts, *(location / f.rel for f in e.files)}
+        for root in self.dirs:
+            if root.is_dir():
+                found.extend(scan_models_dir(root, read=self._read, skip=claimed))
+        if self.hf_cache is not None:
+            downloaded = self.library.downloaded_repos() if self.library is not None else set()
+            for e in scan_hf_cache(self.hf_cache, read=self._read):
+                if e.origin is not None and e.origin.repo in downloaded:
+                    e = _with_source(e, "download")
+                found.append(e)
+        return found
 
     def scan(self) -> list[ModelEntry]:
         entries: dict[str, ModelEntry] = {}
-        for root in self.dirs:
-            if not root.is_dir():
+        for e in self._found():
+            if e.id in entries:
+                first = entries[e.id].path
+                e = ModelEntry(
+                    e.id,
+                    e.path,
+                    None,
+                    f"duplicate model id; {first} is served instead",
+                    source=e.source,
+                    location=e.location,
+                )
+                entries[f"{e.id}@{e.path}"] = e
                 continue
-            for e in self._scan_dir(root):
-                if e.id in entries:
-                    first = entries[e.id].path
-                    e = ModelEntry(e.id, e.path, None, f"duplicate model id; {first} is served instead")
-                    entries[f"{e.id}@{e.path}"] = e
-                    continue
-                entries[e.id] = e
-        self._entries = entries
+            entries[e.id] = e
+        aliases: dict[str, list[str]] = {}
+        for e in entries.values():
+            if e.origin is None or e.format != "gguf" or "@" in e.id:
+                continue
+            aliases.setdefault(e.origin.repo, []).append(e.id)
+            if e.quant:
+                aliases.setdefault(f"{e.origin.repo}:{e.quant}".lower(), []).append(e.id)
+        self._entries, self._aliases = entries, aliases
+        if self.library is not None:
+            roots = [*self.dirs, *([self.hf_cache] if self.hf_cache is not None else [])]
+            self.library.sync(
+                (e for k, e in entries.items() if "@" not in k), headers=self._new_headers, roots=roots
+            )
+        self._new_headers = {}
         return list(entries.values())
 
     def entries(self) -> list[ModelEntry]:
@@ -113,21 +112,45 @@ class Catalog:
     def ids(self) -> list[str]:
         return [e.id for e in self._entries.values() if e.ok]
 
-    def get(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
-        """The entry for a servable model; rescans once on a miss (a file may have just arrived).
-
-        `allow_broken` returns a broken entry instead of raising (to explain why it is broken)."""
+    def _lookup(self, model_id: str) -> ModelEntry | None:
         entry = self._entries.get(model_id)
+        if entry is not None:
+            return entry
+        key = model_id.lower() if ":" in model_id else model_id
+        targets = self._aliases.get(key, [])
+        if len(targets) > 1:
+            raise ModelNotFoundError(
+                f"{model_id!r} names several models: {', '.join(sorted(targets))}; use one of those ids",
+                param="model",
+            )
+        return self._entries.get(targets[0]) if targets else None
+
+    def get(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
+        """The entry for a servable model (an id or an alias); rescans once on a miss (a file may have just
+        arrived). `allow_broken` returns a broken or not-yet-runnable entry instead of raising."""
+        entry = self._lookup(model_id)
         if entry is None or not entry.path.exists():
             self.scan()
-            entry = self._entries.get(model_id)
+            entry = self._lookup(model_id)
         if entry is None:
-            known = (
-                ", ".join(self.ids()) or "none (put .gguf files in " + ", ".join(map(str, self.dirs)) + ")"
-            )
+            where = ", ".join(map(str, self.dirs))
+            known = ", ".join(self.ids()) or f"none (put .gguf files in {where})"
             raise ModelNotFoundError(
                 f"model {model_id!r} does not exist; available models: {known}", param="model"
             )
-        if not entry.ok and not allow_broken:
+        if allow_broken:
+            return entry
+        if entry.problem is not None:
             raise ModelBrokenError(f"model {model_id!r} cannot be served: {entry.problem}", param="model")
+        if not entry.ok:
+            raise NoLaneForFormatError(
+                f"model {model_id!r} is a {entry.format} model ({entry.kind}); "
+                f"no lane for format {entry.format} yet — GGUF models (llama.cpp), Piper voices and "
+                "whisper ggml models run today; use a GGUF build of this model",
+                param="model",
+            )
         return entry
+
+
+def _with_source(e: ModelEntry, source: str) -> ModelEntry:
+    return replace(e, source=source)

@@ -26,6 +26,11 @@ from app.server import (
     openapi,
     routes_admin,
     routes_anthropic,
+    routes_audio,
+    routes_downloads,
+    routes_hub,
+    routes_images,
+    routes_library,
     routes_ollama,
     routes_openai,
     routes_responses,
@@ -51,7 +56,7 @@ def make_app(runtime: Runtime) -> web.Application:
     stats = metrics.Metrics()
     app = web.Application(
         middlewares=[
-            metrics.middleware(stats),  # outermost: counts every answer, refusals included
+            metrics.middleware(stats, runtime.bus),  # outermost: counts every answer, refusals too
             middleware.access_log,
             middleware.errors,
             middleware.host_guard(allowed_hosts(runtime.settings), origins=origins),
@@ -70,8 +75,14 @@ def make_app(runtime: Runtime) -> web.Application:
             yield
 
     app.cleanup_ctx.append(runtime_ctx)
+    app.cleanup_ctx.append(metrics.download_counter(stats, runtime.bus))
     app.add_routes(routes_admin.routes)
+    app.add_routes(routes_downloads.routes)
+    routes_hub.setup(app)
+    app.add_routes(routes_library.routes)
     app.add_routes(routes_openai.routes)
+    app.add_routes(routes_audio.routes)
+    app.add_routes(routes_images.routes)
     app.add_routes(routes_responses.routes)
     app.add_routes(routes_anthropic.routes)
     app.add_routes(routes_ollama.routes)
@@ -126,19 +137,24 @@ async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None 
     port = int(runner.addresses[0][1]) if runner.addresses else settings.port
     shown = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{shown}:{port}"
+    # a wildcard bind is not an address to connect to (nor an allowed Host): the CLI dials loopback
+    dial = {"0.0.0.0": f"http://127.0.0.1:{port}", "::": f"http://[::1]:{port}"}.get(settings.host, url)
     paths.server_file.write_text(
-        json.dumps({"url": url, "host": settings.host, "port": port, "pid": os.getpid()})
+        json.dumps({"url": dial, "host": settings.host, "port": port, "pid": os.getpid()})
     )
+    entries = runtime.catalog.entries()
     n_ok = len(runtime.catalog.ids())
-    n_all = len(runtime.catalog.entries())
+    n_broken = sum(1 for e in entries if e.problem is not None)
     log.info(
-        "models: %d servable, %d broken, from %s",
+        "models: %d servable, %d broken, %d in formats no lane runs yet, from %s and the HF cache %s",
         n_ok,
-        n_all - n_ok,
+        n_broken,
+        len(entries) - n_ok - n_broken,
         ", ".join(map(str, runtime.catalog.dirs)),
+        runtime.catalog.hf_cache,
     )
-    for e in runtime.catalog.entries():
-        if not e.ok:
+    for e in entries:
+        if e.problem is not None:
             log.warning("broken model %s (%s): %s", e.id, e.path, e.problem)
     print(f"listening on {url}", flush=True)
     stop = stop or asyncio.Event()

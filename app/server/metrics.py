@@ -3,23 +3,27 @@
 Per request the middleware does a few dict increments after the answer; streams add one timestamp when
 the first chunk goes out (set by the proxy under FIRST_BYTE) and token counts come from the usage the
 proxy found in the last bytes of the answer (USAGE). Lane figures are read from the supervisor at scrape
-time, so they are exact and cost nothing between scrapes. State lives on a `Metrics` object in the
-application (METRICS), never in module globals.
+time, so they are exact and cost nothing between scrapes. Download bytes are summed from the runtime's
+`download.progress` events (their `delta`, per `repo`) by a subscriber that lives as long as the app
+(`download_counter`). State lives on a `Metrics` object in the application (METRICS), never in module
+globals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from app import __version__
+from app.core.events import Event, EventBus
 from app.lanes.lane import Lane, LaneState
 from app.server.keys import RUNTIME
 
@@ -63,7 +67,7 @@ class Metrics:
         self.tokens_in: dict[_Labels, int] = {}  # model, client
         self.tokens_out: dict[_Labels, int] = {}  # model, client
         self.in_flight = 0
-        self.download_bytes = 0  # downloads arrive in a later release; the series exists from now on
+        self.download_bytes: dict[_Labels, int] = {}  # repo
         self.started = time.time()
 
     def record(
@@ -96,6 +100,15 @@ class Metrics:
         if status >= 400:
             ek = (route, model, str(status), error_code(resp), client)
             self.errors[ek] = self.errors.get(ek, 0) + 1
+
+    def count_download(self, event: Event) -> None:
+        """Add a `download.progress` event's `delta` (bytes since the previous one) under its repo."""
+        if event.kind != DOWNLOAD_PROGRESS:
+            return
+        delta, repo = event.data.get("delta"), event.data.get("repo")
+        if isinstance(delta, int) and not isinstance(delta, bool) and delta > 0:
+            key = (repo if isinstance(repo, str) else "-",)
+            self.download_bytes[key] = self.download_bytes.get(key, 0) + delta
 
     def render(self, lanes: Iterable[Lane]) -> str:
         out: list[str] = []
@@ -181,8 +194,8 @@ class Metrics:
             out,
             "switchyard_download_bytes_total",
             "counter",
-            "Bytes of model files downloaded (downloads are not available yet: always 0).",
-            {(): {(): self.download_bytes}},
+            "Bytes of model files downloaded, per Hugging Face repo (resumed parts count once).",
+            {("repo",): self.download_bytes},
         )
         return "\n".join(out) + "\n"
 
@@ -277,8 +290,34 @@ def _object_at(data: bytes, start: int) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def middleware(metrics: Metrics) -> Middleware:
-    """Outermost: counts every answer, the refused ones included."""
+REQUEST_DONE = "request.done"
+# routes a monitor polls or holds open: an event per call would flood the stream it reads
+_QUIET_ROUTES = frozenset({"/metrics", "/api/events", "/health"})
+
+
+def request_event(request: web.Request, *, status: int, seconds: float) -> dict[str, Any] | None:
+    """The `request.done` event's data: route pattern (never the raw path), model, client key name,
+    status, seconds and tokens. None for the quiet routes."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "-"
+    if route in _QUIET_ROUTES:
+        return None
+    data: dict[str, Any] = {
+        "route": route,
+        "method": request.method,
+        "model": str(request.get("model", "-")) if status != 404 else "-",
+        "client": str(request.get("client", "-")),
+        "status": status,
+        "seconds": round(seconds, 4),
+    }
+    if (usage := request.get(USAGE)) is not None:
+        data["input_tokens"], data["output_tokens"] = usage
+    return data
+
+
+def middleware(metrics: Metrics, bus: EventBus | None = None) -> Middleware:
+    """Outermost: counts every answer, the refused ones included, and (given `bus`) publishes each one
+    as a `request.done` event for /api/events."""
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -298,9 +337,39 @@ def middleware(metrics: Metrics) -> Middleware:
             raise
         finally:
             metrics.in_flight -= 1
-            metrics.record(request, status=status, seconds=time.perf_counter() - t0, t0=t0, resp=resp)
+            seconds = time.perf_counter() - t0
+            metrics.record(request, status=status, seconds=seconds, t0=t0, resp=resp)
+            if bus is not None and (data := request_event(request, status=status, seconds=seconds)):
+                bus.publish(REQUEST_DONE, **data)
 
     return record
+
+
+DOWNLOAD_PROGRESS = "download.progress"
+
+
+def download_counter(
+    stats: Metrics, bus: EventBus
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """A cleanup_ctx that subscribes to `bus` for the app's lifetime and counts download bytes."""
+
+    @contextlib.asynccontextmanager
+    async def ctx(_: web.Application) -> AsyncIterator[None]:
+        async with bus.subscribe() as queue:
+
+            async def drain() -> None:
+                while True:
+                    stats.count_download(await queue.get())
+
+            task = asyncio.create_task(drain(), name="metrics-downloads")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return ctx
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)

@@ -2,8 +2,9 @@
 
 Every route the app serves is listed (HEAD, which each GET also answers, is left out). A summary is the
 first line of the handler's docstring, else a line from SUMMARIES; the rest of the docstring is the
-description. The main OpenAI routes and the error envelopes have hand-written schemas; other bodies are
-described as JSON objects (docs/api.md has them in full).
+description. The OpenAI, Anthropic, Ollama and Responses routes and the error envelopes have hand-written
+schemas (the translated surfaces' in openapi_surfaces.py); admin bodies are described as JSON objects
+(docs/api.md has them in full).
 
 The committed copy, docs/openapi.json, is regenerated with
 
@@ -25,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from app import __version__
+from app.server import openapi_surfaces
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 _METHODS = ("get", "post", "put", "patch", "delete")
@@ -34,6 +36,9 @@ _TAGS = {
     "routes_anthropic": "Anthropic",
     "routes_ollama": "Ollama",
     "routes_admin": "Admin",
+    "routes_library": "Library",
+    "routes_hub": "Hub",
+    "routes_downloads": "Downloads",
     "auth": "Admin",
     "metrics": "Observability",
     "openapi": "Observability",
@@ -57,6 +62,7 @@ SUMMARIES = {
     ("POST", "/api/embeddings"): "Ollama: one embedding (the older endpoint)",
     ("GET", "/health"): "Liveness and lane counts",
     ("GET", "/api/version"): "Version",
+    ("GET", "/api/downloads/{job_id}"): "One download",
     ("GET", "/api/models"): "Every model file found, broken ones included",
     ("POST", "/api/models/{model_id}/load"): "Start a model's lane and wait until it is ready",
     ("POST", "/api/models/{model_id}/unload"): "Stop a model's lane",
@@ -162,14 +168,68 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
     },
     "ChatMessage": {
+        "description": "A system/user/developer turn with content, an assistant turn (content and/or "
+        "tool_calls), or a tool result.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"enum": ["system", "user", "developer"]},
+                    "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1}]},
+                    "name": {"type": "string"},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": "array", "items": _ref("ToolCall")},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["role", "content", "tool_call_id"],
+                "properties": {
+                    "role": {"const": "tool"},
+                    "content": {"type": "string"},
+                    "tool_call_id": {"type": "string"},
+                },
+            },
+        ],
+    },
+    "ToolCall": {
         "type": "object",
-        "required": ["role"],
+        "required": ["id", "type", "function"],
         "properties": {
-            "role": {"type": "string", "description": "system, user, assistant or tool."},
-            "content": {"oneOf": [{"type": "string"}, {"type": "array"}, {"type": "null"}]},
-            "name": {"type": "string"},
-            "tool_calls": {"type": "array"},
-            "tool_call_id": {"type": "string"},
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "string", "description": "JSON text."},
+                },
+            },
+        },
+    },
+    "Tool": {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "description": {"type": "string"},
+                    "parameters": {"type": "object"},
+                },
+            },
         },
     },
     "ChatCompletionRequest": {
@@ -179,8 +239,24 @@ SCHEMAS: dict[str, Any] = {
             **_SAMPLING,
             "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
             "max_completion_tokens": {"type": "integer"},
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+            "tools": {"type": "array", "items": _ref("Tool")},
+            "tool_choice": {
+                "oneOf": [
+                    {"enum": ["none", "auto", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "function"],
+                        "properties": {
+                            "type": {"const": "function"},
+                            "function": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}},
+                            },
+                        },
+                    },
+                ]
+            },
             "response_format": {"type": "object"},
         },
         "description": "Other fields reach the engine unchanged (llama.cpp's extensions work).",
@@ -339,7 +415,8 @@ def _operation(method: str, path: str, handler: Any) -> dict[str, Any]:
     params += _QUERY.get((method, path), [])
     if params:
         op["parameters"] = params
-    request_schema, ok = _OPENAI.get((method, path), (None, None))
+    known = _OPENAI.get((method, path)) or openapi_surfaces.OPERATIONS.get((method, path))
+    request_schema, ok = known if known is not None else (None, None)
     if request_schema is not None:
         op["requestBody"] = {
             "required": True,
@@ -383,7 +460,7 @@ def document(app: web.Application) -> dict[str, Any]:
         "security": [{}, {"bearer": []}, {"apiKey": []}],
         "paths": ordered,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **openapi_surfaces.SCHEMAS},
             "securitySchemes": {
                 "bearer": {
                     "type": "http",

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -30,6 +31,7 @@ LOADING_COMMENT_S = 1.0  # how often a waiting stream hears that its model is st
 LOAD_FAILED = "switchyard.load_failed"
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 _KIND_FOR_ROUTE = {"chat": "chat", "completions": "chat", "embeddings": "embedding"}
+_CAPABILITY_FOR_ROUTE = {"chat": "chat", "completions": "completions", "embeddings": "embeddings"}
 
 
 def _kind_error(model: str, kind: str, route: str) -> BadRequestError:
@@ -53,8 +55,11 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
         raw = json.dumps(pinned).encode()  # the one rewrite: llama.cpp would drop a named tool_choice
     rt = request.app[RUNTIME]
     entry = rt.catalog.get(model)
-    if entry.kind != _KIND_FOR_ROUTE[route]:
-        raise _kind_error(model, entry.kind, route)
+    if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
+        if entry.kind != _KIND_FOR_ROUTE[route]:
+            raise _kind_error(model, entry.kind, route)
+    elif (missing := rt.supervisor.capability_error(entry, _CAPABILITY_FOR_ROUTE[route])) is not None:
+        raise missing  # a voice asked for chat, a transcriber for embeddings: name the lanes that can
     headers = {"Content-Type": "application/json"}
     resp: web.StreamResponse | None = None
     if body.get("stream") is True:
@@ -184,7 +189,7 @@ def _engine_error(status: int, data: bytes, model: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def _sse_response(status: int = 200) -> web.StreamResponse:
+def sse_response(status: int = 200) -> web.StreamResponse:
     resp = web.StreamResponse(status=status)
     resp.headers["Content-Type"] = "text/event-stream"
     resp.headers["Cache-Control"] = "no-cache"
@@ -197,12 +202,32 @@ async def _write_event_error(resp: web.StreamResponse, exc: SwitchyardError) -> 
         await resp.write(f"data: {json.dumps(exc.envelope())}\n\n".encode())
 
 
-async def _wait_loading(request: web.Request, supervisor: Any, model: str) -> web.StreamResponse:
-    """While the model's lane starts, a streaming client gets SSE comment lines naming the phase, so it
-    neither times out nor waits blind. Returns the prepared response; `request[LOAD_FAILED]` is set when
-    the start failed (the error event is written) or the client went away."""
-    resp = _sse_response()
-    await resp.prepare(request)
+def needs_loading(supervisor: Any, model: str) -> bool:
+    """Whether a request for `model` would wait for its lane to start (or restart)."""
+    lane = supervisor.lanes.get(model)
+    return lane is None or not lane.available
+
+
+def loading_comment(model: str, phase: str, seconds: float) -> bytes:
+    return f": switchyard: loading {model} ({phase}, {seconds:.0f} s)\n\n".encode()
+
+
+async def wait_loading(
+    request: web.Request,
+    supervisor: Any,
+    model: str,
+    *,
+    resp: web.StreamResponse,
+    fail: Callable[[SwitchyardError], bytes],
+    tick: Callable[[str, str, float], bytes] = loading_comment,
+) -> bool:
+    """Start `model`'s lane while `resp` (prepared here if it is not yet) hears `tick(model, phase,
+    seconds)` every LOADING_COMMENT_S, so a streaming client neither times out nor waits blind.
+
+    True once the lane is ready. False when the start failed (`fail(exc)` was written: the surface's own
+    error event) or the client went away (the start goes on for the next request)."""
+    if not resp.prepared:
+        await resp.prepare(request)
     start = asyncio.ensure_future(supervisor.ensure(model))
     start.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
     t0 = time.monotonic()
@@ -210,18 +235,28 @@ async def _wait_loading(request: web.Request, supervisor: Any, model: str) -> we
         while True:
             lane = supervisor.lanes.get(model)
             phase = lane.state.value if lane is not None else "queued"
-            await resp.write(
-                f": switchyard: loading {model} ({phase}, {time.monotonic() - t0:.0f} s)\n\n".encode()
-            )
+            await resp.write(tick(model, phase, time.monotonic() - t0))
             done, _ = await asyncio.wait({start}, timeout=LOADING_COMMENT_S)
             if done:
                 break
         start.result()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        request[LOAD_FAILED] = True  # the client went away; the start goes on for the next one
+        return False
     except SwitchyardError as exc:
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(fail(exc))
+        return False
+    return True
+
+
+async def _wait_loading(request: web.Request, supervisor: Any, model: str) -> web.StreamResponse:
+    """The OpenAI pass-through's wait: comments, then `data: {error envelope}` if the start failed."""
+    resp = sse_response()
+    ready = await wait_loading(
+        request, supervisor, model, resp=resp, fail=lambda e: f"data: {json.dumps(e.envelope())}\n\n".encode()
+    )
+    if not ready:
         request[LOAD_FAILED] = True
-        await _write_event_error(resp, exc)
     return resp
 
 
@@ -229,7 +264,7 @@ async def _stream(
     request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane, resp: web.StreamResponse | None = None
 ) -> web.StreamResponse:
     if resp is None:
-        resp = _sse_response(upstream.status)
+        resp = sse_response(upstream.status)
         resp.headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream")
         await resp.prepare(request)
     prev = last = b""

@@ -1,8 +1,10 @@
 """Anthropic Messages API: POST /v1/messages (streaming or not) and /v1/messages/count_tokens.
 
 Requests are translated to the lane's OpenAI chat endpoint (see translate_anthropic); errors on these
-routes are Anthropic-shaped. The key may come as `x-api-key` or `Authorization: Bearer`; none is
-checked yet, and neither is refused.
+routes are Anthropic-shaped. The key may come as `x-api-key` or `Authorization: Bearer` (auth.py checks
+it). A stream whose model is still loading hears SSE comment lines with the phase; a start that fails
+ends it with an `error` event. A named tool_choice is pinned the way llama.cpp enforces it
+(pin_named_tool_choice), and a prompt longer than the lane's per-request context is a 400.
 """
 
 from __future__ import annotations
@@ -18,8 +20,16 @@ from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
+from app.server.limits import check_prompt
+from app.server.proxy import needs_loading, sse_response, wait_loading
 from app.server.translate_anthropic import MessagesCall, MessageTranslator, error_body, sse, to_openai
-from app.server.translate_engine import count_prompt_tokens, has_vision, post, sse_chunks
+from app.server.translate_engine import (
+    count_prompt_tokens,
+    has_vision,
+    pin_named_tool_choice,
+    post,
+    sse_chunks,
+)
 from app.server.validate import parse_body
 
 log = logging.getLogger("switchyard.anthropic")
@@ -46,9 +56,14 @@ async def _guarded(request: web.Request, handler: _Handler) -> web.StreamRespons
         return error_response(err)
 
 
+def _error_event(exc: SwitchyardError) -> bytes:
+    return sse([("error", error_body(exc))])
+
+
 async def _parse(request: web.Request, *, for_count: bool) -> tuple[Runtime, MessagesCall]:
     call = to_openai(parse_body(await request.read()), for_count=for_count)
     request["model"] = call.model
+    pin_named_tool_choice(call.openai)  # a tool_choice naming an unknown tool is refused before a start
     rt = request.app[RUNTIME]
     if rt.catalog.get(call.model).kind != "chat":
         raise BadRequestError(
@@ -88,14 +103,38 @@ async def _count_tokens(request: web.Request) -> web.StreamResponse:
 
 async def _messages(request: web.Request) -> web.StreamResponse:
     rt, call = await _parse(request, for_count=False)
+    resp: web.StreamResponse | None = None
+    if call.stream and needs_loading(rt.supervisor, call.model):
+        resp = sse_response()
+        if not await wait_loading(request, rt.supervisor, call.model, resp=resp, fail=_error_event):
+            return resp
+    try:
+        return await _answer(request, rt, call, resp)
+    except SwitchyardError as exc:
+        if resp is None:
+            raise
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(_error_event(exc))  # the stream said 200 already: the error is an event
+        return resp
+
+
+async def _answer(
+    request: web.Request, rt: Runtime, call: MessagesCall, resp: web.StreamResponse | None
+) -> web.StreamResponse:
     http = rt.supervisor.http
     async with rt.supervisor.use(call.model) as lane:
         await _check_images(rt, lane, call)
-        upstream = await post(http, lane, "/v1/chat/completions", call.openai)
+        if rt.settings.check_prompt_length:
+            size = len(await request.read())  # aiohttp keeps the body: no second read
+            await check_prompt(http, lane, call.openai, body_bytes=size, route="chat")
+        # llama.cpp would drop the named tool_choice object; offering only that tool, required, is
+        # the same request in a form the engine enforces
+        body = pin_named_tool_choice(call.openai) or call.openai
+        upstream = await post(http, lane, "/v1/chat/completions", body)
         tr = MessageTranslator(model=call.model, stop_sequences=call.stop_sequences)
         try:
             if call.stream:
-                return await _stream(request, rt, lane, upstream, tr, call)
+                return await _stream(request, rt, lane, upstream, tr, call, resp)
             async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
                 async for chunk in chunks:
                     tr.feed(chunk)
@@ -125,11 +164,11 @@ async def _stream(
     upstream: aiohttp.ClientResponse,
     tr: MessageTranslator,
     call: MessagesCall,
+    resp: web.StreamResponse | None,
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await resp.prepare(request)
+    if resp is None:
+        resp = sse_response()
+        await resp.prepare(request)
     try:
         await resp.write(sse(tr.start()))
         try:

@@ -2,7 +2,10 @@
 
 Chat and generate stream NDJSON unless the body says `"stream": false`. `/api/version` is the admin
 route (the same `{"version": ...}` shape). Errors here are Ollama-shaped: `{"error": "..."}` with the
-status, and a `{"error": ...}` line once a stream has begun.
+status, and a `{"error": ...}` line once a stream has begun. A prompt longer than the lane's per-request
+context is a 400. While a streamed answer's model loads, the client gets an empty piece (`"content": ""`,
+`"done": false`) every second: NDJSON has no comment lines, and Ollama clients read an empty piece as
+nothing to add.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from app.lanes.lane import Lane, LaneState
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
+from app.server.limits import check_prompt
+from app.server.proxy import needs_loading, wait_loading
 from app.server.translate_engine import has_vision, post, post_json, sse_chunks
 from app.server.translate_ollama import (
     OllamaCall,
@@ -186,8 +191,50 @@ async def _run(
         return await _load_or_unload(request, rt, entry, call, kind)
     headers = _notes(call.ignored, call.keep_alive)
     tr = OllamaTranslator(model=call.model, kind=kind, started=started)
-    http = rt.supervisor.http
+    size = len(await request.read())  # kept by aiohttp: no second read
+    resp: web.StreamResponse | None = None
     t_load = time.perf_counter()
+    if call.stream and needs_loading(rt.supervisor, entry.id):
+        resp = _ndjson_response(headers)
+        ready = await wait_loading(
+            request,
+            rt.supervisor,
+            entry.id,
+            resp=resp,
+            tick=lambda *_: ndjson([tr.waiting()]),
+            fail=lambda exc: ndjson([{"error": exc.message}]),
+        )
+        if not ready:
+            return resp
+    try:
+        resp = await _answer(request, rt, entry, call, tr, headers, resp, size=size, t_load=t_load)
+    except SwitchyardError as exc:
+        if resp is None:
+            raise
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(ndjson([{"error": exc.message}]))  # the stream said 200 already
+        return resp
+    await _unload_if_asked(rt, entry.id, call.keep_alive)
+    return resp
+
+
+def _ndjson_response(headers: dict[str, str]) -> web.StreamResponse:
+    return web.StreamResponse(headers={"Content-Type": "application/x-ndjson", **headers})
+
+
+async def _answer(
+    request: web.Request,
+    rt: Runtime,
+    entry: ModelEntry,
+    call: OllamaCall,
+    tr: OllamaTranslator,
+    headers: dict[str, str],
+    resp: web.StreamResponse | None,
+    *,
+    size: int,
+    t_load: float,
+) -> web.StreamResponse:
+    http = rt.supervisor.http
     async with rt.supervisor.use(entry.id) as lane:
         tr.load_s = time.perf_counter() - t_load
         if call.has_images and not await has_vision(http, lane):
@@ -196,21 +243,23 @@ async def _run(
                 "loaded, and Switchyard does not load projectors yet; send text only",
                 param="images",
             )
-        upstream = await post(http, lane, call.path, {**call.openai, "model": entry.id})
+        body = {**call.openai, "model": entry.id}
+        if rt.settings.check_prompt_length:
+            route = "chat" if call.path == "/v1/chat/completions" else "completions"
+            await check_prompt(http, lane, body, body_bytes=size, route=route)
+        upstream = await post(http, lane, call.path, body)
         try:
             if call.stream:
-                resp = await _stream(request, lane, upstream, tr, headers)
-            else:
-                async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
-                    async for chunk in chunks:
-                        tr.feed(chunk)
-                resp = web.json_response(tr.whole(), headers=headers)
-                await resp.prepare(request)  # answer first; an unload below must not delay it
-                await resp.write_eof()
+                return await _stream(request, lane, upstream, tr, headers, resp)
+            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+                async for chunk in chunks:
+                    tr.feed(chunk)
+            answer = web.json_response(tr.whole(), headers=headers)
+            await answer.prepare(request)  # answer first; an unload below must not delay it
+            await answer.write_eof()
+            return answer
         finally:
             upstream.close()
-    await _unload_if_asked(rt, entry.id, call.keep_alive)
-    return resp
 
 
 async def _stream(
@@ -219,9 +268,11 @@ async def _stream(
     upstream: aiohttp.ClientResponse,
     tr: OllamaTranslator,
     headers: dict[str, str],
+    resp: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", **headers})
-    await resp.prepare(request)
+    if resp is None:
+        resp = _ndjson_response(headers)
+        await resp.prepare(request)
     try:
         try:
             async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:

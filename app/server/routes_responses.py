@@ -1,7 +1,9 @@
 """OpenAI Responses API: POST /v1/responses, streaming or not, translated onto the lane's chat endpoint.
 
 Errors before the answer starts are the usual OpenAI envelope (raised to the errors middleware);
-once a stream has begun, a failure is an `error` event followed by `response.failed`.
+once a stream has begun, a failure is an `error` event followed by `response.failed`. A stream whose
+model is still loading hears SSE comment lines with the phase first; a start that fails ends it with
+`response.created`, `response.in_progress`, `error` and `response.failed`.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from aiohttp import web
 
 from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane
+from app.runtime import Runtime
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, USAGE
+from app.server.proxy import needs_loading, sse_response, wait_loading
 from app.server.translate_engine import post, sse_chunks
-from app.server.translate_responses import ResponseTranslator, sse, to_chat
+from app.server.translate_responses import ResponsesCall, ResponseTranslator, sse, to_chat
 from app.server.validate import parse_body
 
 log = logging.getLogger("switchyard.responses")
@@ -38,10 +42,34 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "(embeddings: POST /v1/embeddings)",
             param="model",
         )
+    resp: web.StreamResponse | None = None
+    if call.stream and needs_loading(rt.supervisor, call.model):
+        resp = sse_response()
+        tr = ResponseTranslator(model=call.model, echo=call.echo)
+
+        def fail(exc: SwitchyardError) -> bytes:
+            return sse([*tr.start(), *tr.fail(exc)])
+
+        if not await wait_loading(request, rt.supervisor, call.model, resp=resp, fail=fail):
+            return resp
+    try:
+        return await _answer(request, rt, call, len(raw), resp)
+    except SwitchyardError as exc:
+        if resp is None:
+            raise
+        tr = ResponseTranslator(model=call.model, echo=call.echo)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await resp.write(sse([*tr.start(), *tr.fail(exc)]))  # the stream said 200 already
+        return resp
+
+
+async def _answer(
+    request: web.Request, rt: Runtime, call: ResponsesCall, size: int, resp: web.StreamResponse | None
+) -> web.StreamResponse:
     async with rt.supervisor.use(call.model) as lane:
         if rt.settings.check_prompt_length:
             try:
-                await check_prompt(rt.supervisor.http, lane, call.chat, body_bytes=len(raw), route="chat")
+                await check_prompt(rt.supervisor.http, lane, call.chat, body_bytes=size, route="chat")
             except SwitchyardError as exc:
                 exc.param = "input"  # the prompt is built from instructions and input here
                 raise
@@ -49,7 +77,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         tr = ResponseTranslator(model=call.model, echo=call.echo)
         try:
             if call.stream:
-                return await _stream(request, lane, upstream, tr)
+                return await _stream(request, lane, upstream, tr, resp)
             async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
                 async for chunk in chunks:
                     tr.feed(chunk)
@@ -61,12 +89,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, lane: Lane, upstream: aiohttp.ClientResponse, tr: ResponseTranslator
+    request: web.Request,
+    lane: Lane,
+    upstream: aiohttp.ClientResponse,
+    tr: ResponseTranslator,
+    resp: web.StreamResponse | None,
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await resp.prepare(request)
+    if resp is None:
+        resp = sse_response()
+        await resp.prepare(request)
     try:
         await resp.write(sse(tr.start()))
         try:

@@ -283,6 +283,19 @@ def chat_request(body: dict[str, Any]) -> OllamaCall:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise _bad("field 'tools' must be a list of tool objects", "tools")
         out["tools"] = [t if "type" in t else {"type": "function", **t} for t in tools]
+        for i, tool in enumerate(out["tools"]):
+            fn = tool.get("function")
+            if (
+                tool.get("type") != "function"
+                or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+            ):
+                # llama.cpp answers 500 to a tool it cannot parse: say what the shape is instead
+                raise _bad(
+                    f'tools[{i}] must be {{"type": "function", "function": {{"name": "...", "parameters": '
+                    "{...}}}",
+                    f"tools[{i}]",
+                )
     ignored, keep = _common(body, out)
     return OllamaCall(model, "/v1/chat/completions", stream, keep, tuple(ignored), images, out)
 
@@ -359,6 +372,11 @@ class OllamaTranslator:
         if thinking:
             out["thinking"] = thinking
         return out
+
+    def waiting(self) -> dict[str, Any]:
+        """An empty piece: NDJSON has no comments, so this is what a stream hears while its model loads
+        (Ollama clients append the empty text and read on)."""
+        return self._piece("", "")
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(chunk.get("usage"), dict):

@@ -1,0 +1,354 @@
+"""`switchyard pull REPO[:QUANT|:FILE]` and `switchyard update [REPO] [--rollback]`.
+
+With a server running (SWITCHYARD_HOME/server.json names one that answers), the job is queued there
+through the admin API and its progress followed as server-sent events, so the server and the CLI never
+fetch the same file twice; otherwise the download manager runs in this process. Either way Ctrl-C pauses:
+the partial bytes stay and the next `pull` continues from them.
+
+Exit codes: 0 done (or already up to date), 1 the download failed or was cancelled, 2 bad input or an
+error before the download started (unknown repository, no such quantization, no space), 130 interrupted
+(paused; run the same command again to continue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from app.core.errors import ServerAuthError, SwitchyardError
+from app.core.paths import Paths
+from app.core.secrets import Secret
+from app.core.settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "pull", help="download a model from Hugging Face (resumable, verified, into the HF cache)"
+    )
+    p.add_argument(
+        "ref", metavar="REPO[:QUANT|:FILE]", help="e.g. org/Model-GGUF:Q4_K_M or org/Model-GGUF:a.gguf"
+    )
+    p.add_argument("--revision", help="branch, tag or commit (default main)")
+    _server_args(p)
+    u = sub.add_parser(
+        "update", help="fetch a pulled repository's new commit beside the old; --rollback undoes"
+    )
+    u.add_argument(
+        "repo", nargs="?", help="owner/name, or a model id from `switchyard ls` (default: every one)"
+    )
+    u.add_argument(
+        "--rollback", action="store_true", help="point refs/main back at the commit before the update"
+    )
+    u.add_argument("--revision", default="main", help="the ref to follow (default main)")
+    _server_args(u)
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="use the server at this address (default: the running one, if any)")
+    p.add_argument("--local", action="store_true", help="download in this process even if a server runs")
+    p.add_argument("--api-key", help="key for a server that requires one (default: $SWITCHYARD_API_KEY)")
+
+
+# --- progress ---------------------------------------------------------------------------------------
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f}"
+
+
+class Bars:
+    """One line per file: bytes, percent, and the job's rate and ETA on the active file's line. Redrawn in
+    place on a terminal; elsewhere (a log, a pipe) a plain line per file at most every few seconds."""
+
+    def __init__(self, files: list[dict[str, Any]], *, out: IO[str] = sys.stdout) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.files: dict[str, list[int]] = {f["path"]: [0, int(f["size"])] for f in files}
+        self.active: str | None = None
+        self.rate = 0
+        self.eta: float | None = None
+        self._drawn = 0
+        self._plain: dict[str, float] = {}
+
+    def seed(self, per_file: dict[str, int]) -> None:
+        for path, done in per_file.items():
+            if path in self.files:
+                self.files[path][0] = done
+
+    def update(self, data: dict[str, Any]) -> None:
+        path = data.get("file")
+        if path in self.files and data.get("file_bytes") is not None:
+            self.files[path][0] = int(data["file_bytes"])
+            self.active = path
+        self.rate, self.eta = int(data.get("rate_bps") or 0), data.get("eta_s")
+        self.draw()
+
+    def _line(self, path: str) -> str:
+        done, total = self.files[path]
+        pct = 100.0 if total == 0 else 100 * done / total
+        line = f"{path}  {_mib(done)}/{_mib(total)} MiB  {pct:5.1f}%"
+        if path == self.active and done < total and self.rate:
+            eta = f"  ETA {self.eta:.0f}s" if self.eta is not None else ""
+            line += f"  {self.rate / 2**20:.1f} MiB/s{eta}"
+        return line
+
+    def draw(self, *, final: bool = False) -> None:
+        if self.tty:
+            if self._drawn:
+                self.out.write(f"\x1b[{self._drawn}F")
+            for path in self.files:
+                self.out.write("\x1b[2K" + self._line(path) + "\n")
+            self._drawn = len(self.files)
+        else:
+            now = time.monotonic()
+            for path in self.files if final else [self.active] if self.active else []:
+                if final or now - self._plain.get(path, 0) >= 2:
+                    self._plain[path] = now
+                    self.out.write(self._line(path) + "\n")
+        self.out.flush()
+
+
+# --- local ------------------------------------------------------------------------------------------
+
+
+def _manager(settings: Settings, paths: Paths) -> Any:
+    from app.core.events import EventBus
+    from app.hub.download import DownloadManager
+    from app.hub.token import TokenStore
+
+    return DownloadManager(
+        settings=settings,
+        bus=EventBus(),
+        state_dir=paths.home / "downloads",
+        token=TokenStore(paths, settings).get,
+        resume_on_start=False,  # a CLI pull fetches what it is asked for; the server resumes the rest
+        on_complete=lambda repo: _mark_download(paths, repo),
+    )
+
+
+def _mark_download(paths: Paths, repo: str) -> None:
+    """The library lists the repository's models as downloaded (not merely found in the HF cache)."""
+    from app.library.store import Library
+
+    library = Library.open(paths)
+    try:
+        library.mark_download(repo)
+    finally:
+        library.close()
+
+
+async def _follow_local(mgr: Any, job: Any) -> int:
+    bars = Bars([f.public() for f in job.files])
+    bars.seed(job.per_file)
+    bars.draw()
+    async with mgr.bus.subscribe() as q:
+        waiter = asyncio.create_task(mgr.wait(job.id))
+        try:
+            while not waiter.done() or not q.empty():
+                try:
+                    ev = await asyncio.wait_for(q.get(), 0.5)
+                except TimeoutError:
+                    continue
+                if ev.data.get("id") == job.id and ev.kind == "download.progress":
+                    bars.update(ev.data)
+        except asyncio.CancelledError:
+            mgr.pause(job.id)  # Ctrl-C: keep the partials, mark the job paused
+            raise
+    bars.draw(final=True)
+    return _outcome(job.public())
+
+
+def _outcome(job: dict[str, Any]) -> int:
+    state = job["state"]
+    if state == "completed":
+        print(f"{job['repo']}@{job['commit'][:12]}: {len(job['files'])} file(s) verified and in the cache")
+        return EXIT_OK
+    if state == "paused":
+        print(f"{job['repo']}: paused; run the same command again to continue", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"switchyard: {job['repo']}: {state}: {job.get('error') or ''}".rstrip(": "), file=sys.stderr)
+    return EXIT_FAILED
+
+
+async def _pull_local(
+    args: argparse.Namespace, paths: Paths, settings: Settings, repo: str, sel: str | None
+) -> int:
+    async with _manager(settings, paths) as mgr:
+        job = await mgr.submit(repo, revision=args.revision, quant=sel)
+        return await _follow_local(mgr, job)
+
+
+# --- through a running server -----------------------------------------------------------------------
+
+
+def _running_server(args: argparse.Namespace, paths: Paths) -> str | None:
+    if args.local:
+        return None
+    if args.url:
+        return str(args.url).rstrip("/")
+    try:
+        url = str(json.loads(paths.server_file.read_text())["url"])
+        with urllib.request.urlopen(url + "/health", timeout=2):
+            return url
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _request(url: str, path: str, *, key: Secret | None, body: Any = None, method: str = "POST") -> Any:
+    from app import remote
+
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key.reveal()}"
+    req = urllib.request.Request(url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise ServerAuthError(remote._auth_hint(url, sent=key is not None)) from None
+        raise SwitchyardError(remote._message(exc.read()) or f"the server answered HTTP {exc.code}") from None
+
+
+def _sse(url: str, path: str, key: Secret | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    headers = {"Accept": "text/event-stream"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key.reveal()}"
+    with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=60) as r:
+        kind = ""
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                yield kind, json.loads(line[6:])
+
+
+def _follow_remote(url: str, job: dict[str, Any], key: Secret | None) -> int:
+    bars = Bars(job["files"])
+    try:
+        for kind, data in _sse(url, f"/api/downloads/events?id={job['id']}", key):
+            if kind == "snapshot":
+                current = data["downloads"][0] if data["downloads"] else job
+                job = current
+                if current["state"] not in ("queued", "running"):
+                    break
+            elif kind == "download.progress":
+                bars.update(data)
+            elif kind in ("download.completed", "download.failed", "download.cancelled", "download.paused"):
+                break
+        job = _request(url, f"/api/downloads/{job['id']}", key=key, method="GET")
+    except KeyboardInterrupt:
+        _request(url, f"/api/downloads/{job['id']}/pause", key=key)
+        print(
+            f"{job['repo']}: paused on the server at {url}; run the same pull again to continue",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    bars.draw(final=True)
+    return _outcome(job)
+
+
+# --- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_pull(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
+    from app import remote
+
+    repo, _, sel = args.ref.partition(":")
+    url = _running_server(args, paths)
+    if url is not None:
+        key = remote.api_key(args.api_key)
+        body = {"repo": repo, "revision": args.revision, "quant": sel or None}
+        job = _request(url, "/api/downloads", key=key, body=body)
+        print(f"queued on the server at {url} as download {job['id']}", file=sys.stderr)
+        return _follow_remote(url, job, key)
+    try:
+        return asyncio.run(_pull_local(args, paths, settings, repo, sel or None))
+    except KeyboardInterrupt:
+        print(f"{repo}: paused; run the same pull again to continue", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _repo_of(target: str, paths: Paths, settings: Settings) -> str:
+    """owner/name as given, or the repository a library model's file lives in (in the HF cache)."""
+    if "/" in target:
+        return target
+    from app import cli_library
+
+    library, catalog = cli_library.open_catalog(settings, paths)
+    try:
+        path = catalog.get(target, allow_broken=True).path
+    finally:
+        library.close()
+    for part in Path(path).parts:
+        if part.startswith("models--"):
+            return part[len("models--") :].replace("--", "/", 1)
+    raise SwitchyardError(f"{target} did not come from Hugging Face ({path}); there is nothing to update")
+
+
+def _cached_repos(settings: Settings) -> list[str]:
+    from app.hub.config import hub_config
+
+    cache = hub_config(settings).cache_dir
+    return sorted(
+        d.name[len("models--") :].replace("--", "/", 1)
+        for d in (cache.iterdir() if cache.is_dir() else [])
+        if d.name.startswith("models--") and (d / "refs" / "main").exists()
+    )
+
+
+async def _update_local(args: argparse.Namespace, paths: Paths, settings: Settings, repos: list[str]) -> int:
+    code = EXIT_OK
+    async with _manager(settings, paths) as mgr:
+        for repo in repos:
+            if args.rollback:
+                r = mgr.rollback(repo, revision=args.revision)
+                print(f"{repo}: refs/{args.revision} back at {r['commit'][:12]} (was {r['previous'][:12]})")
+                continue
+            job = await mgr.update(repo, revision=args.revision)
+            if job is None:
+                print(f"{repo}: up to date")
+                continue
+            print(f"{repo}: {job.previous[:12]} -> {job.commit[:12]}, fetching {len(job.files)} file(s)")
+            code = max(code, await _follow_local(mgr, job))
+    return code
+
+
+def cmd_update(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
+    from app import remote
+
+    repos = [_repo_of(args.repo, paths, settings)] if args.repo else _cached_repos(settings)
+    if not repos:
+        print("nothing to update: no pulled repositories in the Hugging Face cache")
+        return EXIT_OK
+    url = _running_server(args, paths)
+    if url is None:
+        try:
+            return asyncio.run(_update_local(args, paths, settings, repos))
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+    key = remote.api_key(args.api_key)
+    code = EXIT_OK
+    for repo in repos:
+        body = {"repo": repo, "revision": args.revision, "rollback": args.rollback}
+        r = _request(url, "/api/hub/update", key=key, body=body)
+        if r["status"] == "queued":
+            print(f"{repo}: {r['job']['previous'][:12]} -> {r['job']['commit'][:12]}")
+            code = max(code, _follow_remote(url, r["job"], key))
+        elif r["status"] == "rolled_back":
+            print(f"{repo}: refs/{args.revision} back at {r['commit'][:12]} (was {r['previous'][:12]})")
+        else:
+            print(f"{repo}: up to date")
+    return code

@@ -1,0 +1,99 @@
+"""Writes into the Hugging Face cache layout, so `scan_cache_dir()` and other tools see what we fetch.
+
+<cache>/models--org--name/
+    blobs/<sha256 or git oid>              the bytes, once, however many snapshots use them
+    blobs/<key>.incomplete.d/              our resumable partial (state.json, data, lock)
+    snapshots/<commit>/<path>              relative symlink to ../../blobs/<key> (a copy without symlinks)
+    refs/main                              the commit `main` points at
+    refs/switchyard-previous               the commit before the last `switchyard update`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+PREVIOUS_REF = "switchyard-previous"
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def repo_folder(cache_dir: Path, repo_id: str, *, repo_type: str = "model") -> Path:
+    return cache_dir / f"{repo_type}s--{repo_id.replace('/', '--')}"
+
+
+def blob_path(repo_dir: Path, key: str) -> Path:
+    return repo_dir / "blobs" / key
+
+
+def partial_dir(repo_dir: Path, key: str) -> Path:
+    return repo_dir / "blobs" / f"{key}.incomplete.d"
+
+
+def snapshot_path(repo_dir: Path, commit: str, path: str) -> Path:
+    return repo_dir / "snapshots" / commit / path
+
+
+def is_commit(revision: str) -> bool:
+    return bool(_SHA1.match(revision))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers see the old text or the new, never half of either (temp file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; refs and job files are not secrets
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def link_snapshot(repo_dir: Path, commit: str, path: str, key: str) -> Path:
+    """Make `snapshots/<commit>/<path>` point at the blob; a relative symlink, else a copy."""
+    dest = snapshot_path(repo_dir, commit, path)
+    blob = blob_path(repo_dir, key)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(blob, dest.parent)
+    tmp = dest.with_name(f".{dest.name}.link")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.symlink(rel, tmp)
+    except OSError:  # no symlinks here (some Windows set-ups, FAT): a copy, as huggingface_hub does
+        shutil.copyfile(blob, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+def read_ref(repo_dir: Path, name: str) -> str | None:
+    try:
+        value = (repo_dir / "refs" / name).read_text().strip()
+    except OSError:
+        return None
+    return value or None
+
+
+def write_ref(repo_dir: Path, name: str, commit: str) -> None:
+    write_atomic(repo_dir / "refs" / name, commit)
+
+
+def snapshot_files(repo_dir: Path, commit: str) -> list[str]:
+    """The repository paths present in one snapshot (POSIX separators)."""
+    root = repo_dir / "snapshots" / commit
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.name.startswith("."):
+            out.append(p.relative_to(root).as_posix())
+    return out

@@ -1,0 +1,221 @@
+"""The vLLM and SGLang lanes (NVIDIA GPUs): their command lines, environment and memory share.
+
+The share comes from app/fit/gpu_share.py: the memory flag (vLLM --gpu-memory-utilization, SGLang
+--mem-fraction-static) is derived from the plan so two GPU lanes can share one card; the context length,
+the batch and sequence limits and the KV dtype are pinned to what the plan assumed. Tensor parallel spans
+as many NVIDIA cards as the model's attention and KV heads allow. Nothing here runs without a CUDA GPU:
+bench/gpu_check.py starts both for real where one is present.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import EngineUnavailableError
+from app.core.settings import Settings
+from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
+from app.formats.detect import detect_format
+from app.formats.safetensors_meta import SafetensorsModel
+from app.hardware.model import GPUInfo, Hardware
+from app.lanes.kind import find_binary, module_install
+from app.lanes.plan import LaunchPlan
+from app.lanes.proc import engine_env
+from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
+from app.routing.traits import CUDA_MIN_CC
+
+DEFAULT_MAX_LEN_CAP = 32768  # the window asked for when none is set: long enough, and KV stays bounded
+
+
+@dataclass(frozen=True)
+class CudaParams:
+    model_path: str
+    served_name: str
+    engine: str
+    max_model_len: int
+    tensor_parallel: int
+    gpus: tuple[int, ...]
+    fraction: float
+    extra_args: tuple[str, ...]
+
+
+def nvidia_cards(hardware: Hardware | None) -> list[GPUInfo]:
+    return [g for g in (hardware.gpus if hardware else ()) if g.vendor == "nvidia" and g.memory_total]
+
+
+def _cc(gpu: GPUInfo) -> tuple[int, int]:
+    try:
+        major, minor = (gpu.compute_capability or "0.0").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def cuda_refusal(hardware: Hardware | None) -> str | None:
+    if hardware is None:
+        return "the hardware was not probed (plan_memory is off), and the GPU share needs the card's size"
+    cards = nvidia_cards(hardware)
+    if not cards:
+        return "it needs an NVIDIA GPU with CUDA, and none was found"
+    if all(_cc(g) < CUDA_MIN_CC for g in cards):
+        return f"it needs compute capability {CUDA_MIN_CC[0]}.{CUDA_MIN_CC[1]} or newer (Volta)"
+    return None
+
+
+def max_model_len(model: SafetensorsModel, settings: Settings, model_id: str) -> int:
+    asked = int(settings.override(model_id, "ctx_size", settings.ctx_size))
+    if asked:
+        return asked
+    return min(model.config.max_position_embeddings or 8192, DEFAULT_MAX_LEN_CAP)
+
+
+def cuda_plan(
+    model: SafetensorsModel,
+    *,
+    engine: str,
+    model_id: str,
+    settings: Settings,
+    hardware: Hardware,
+    port: int,
+    ppid: int,
+    used: Mapping[str, int] | None = None,
+    executable: str | None = None,
+) -> LaunchPlan:
+    """The command for `model` on vLLM or SGLang. Raises GPUShareRefused (a ModelTooLargeError) with the
+    numbers when the card cannot hold it next to what other lanes were promised."""
+    cards = sorted(nvidia_cards(hardware), key=lambda g: -(g.memory_total or 0))
+    cards = [g for g in cards if _cc(g) >= CUDA_MIN_CC]
+    if not cards or model.path is None:
+        raise EngineUnavailableError(f"cannot start {model_id!r} on {engine}: {cuda_refusal(hardware)}")
+    tp = valid_tensor_parallel(model, len(cards))
+    group = cards[:tp]
+    gpu = min(group, key=lambda g: g.memory_total or 0)  # the smallest card of the group bounds the share
+    promised = max((used or {}).get(f"GPU{g.index}", 0) for g in group)
+    length = max_model_len(model, settings, model_id)
+    share = plan_gpu_share(
+        model,
+        gpu,
+        engine="vllm" if engine == "vllm" else "sglang",
+        max_model_len=length,
+        reserved_by_others=min(0.99, promised / (gpu.memory_total or 1)),
+        reserved_for="the GPU lanes already loaded",
+        tensor_parallel=tp,
+        foreign_used=0,
+        name=model_id,
+    )
+    extra = tuple(shlex.split(settings.vllm_extra_args if engine == "vllm" else settings.sglang_extra_args))
+    head: list[str]
+    if engine == "vllm":
+        head = [executable or "vllm", "serve", str(model.path), "--served-model-name", model_id]
+    else:
+        head = [executable or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model.path)]
+        head += ["--served-model-name", model_id]
+    argv = [sys.executable, "-m", "app.lanes.guard", str(ppid), "--", *head]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *share.argv, *extra]
+    env = engine_env()
+    # NVML's order is PCI order; make CUDA count the same way so the indexes we plan on are the ones used
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in group)
+    env["HF_HUB_OFFLINE"] = "1"  # the model is a local folder; nothing to fetch
+    env["VLLM_NO_USAGE_STATS"] = env["DO_NOT_TRACK"] = "1"
+    params = CudaParams(
+        model_path=str(model.path),
+        served_name=model_id,
+        engine=engine,
+        max_model_len=length,
+        tensor_parallel=tp,
+        gpus=tuple(g.index for g in group),
+        fraction=share.fraction,
+        extra_args=extra,
+    )
+    devices = [{"device": f"GPU{g.index}", "total": share.card_bytes} for g in group]
+    prediction = {
+        "placement": f"{engine} share",
+        "devices": devices,
+        "total": share.card_bytes * tp,
+        "share": share.public(),
+    }
+    return LaunchPlan(
+        engine,
+        tuple(argv),
+        env,
+        "/health",
+        port,
+        params,
+        engine=engine,
+        memory="fraction",
+        prediction=prediction,
+        notes=share.notes,
+    )
+
+
+class _CudaKind:
+    lane = ""
+    module = ""
+    dist = ""
+    formats = frozenset({"safetensors"})
+    offers = frozenset({"chat", "completions", "tools"})
+    memory = "fraction"
+
+    def install(self, settings: Settings) -> LaneInstall:
+        return module_install(
+            self.lane, self.module, self.dist, hint=f"pip install {self.dist} (Linux with an NVIDIA GPU)"
+        )
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        install = self.install(settings)
+        if not install.installed:
+            return install.note
+        return cuda_refusal(hardware)
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        return frozenset({"chat", "completions", "tools"})
+
+    def build(
+        self,
+        entry: ModelEntry,
+        settings: Settings,
+        *,
+        ppid: int,
+        free_port: int,
+        hardware: Hardware | None,
+        used: Mapping[str, int] | None,
+    ) -> LaunchPlan:
+        refusal = self.start_refusal(settings, hardware)
+        if refusal or hardware is None:
+            raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {refusal}")
+        fmt = detect_format(entry.path)
+        if not isinstance(fmt.facts, SafetensorsModel):
+            raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
+        # the venv's own `vllm` first: the server's interpreter may not be on PATH
+        beside = Path(sys.executable).with_name("vllm")
+        exe = (
+            (str(beside) if beside.is_file() else find_binary("vllm", None)) if self.lane == "vllm" else None
+        )
+        return cuda_plan(
+            fmt.facts,
+            engine=self.lane,
+            model_id=entry.id,
+            settings=settings,
+            hardware=hardware,
+            port=free_port,
+            ppid=ppid,
+            used=used,
+            executable=exe,
+        )
+
+
+class VLLMKind(_CudaKind):
+    lane = "vllm"
+    module = "vllm"
+    dist = "vllm"
+
+
+class SGLangKind(_CudaKind):
+    lane = "sglang"
+    module = "sglang"
+    dist = "sglang"

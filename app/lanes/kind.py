@@ -1,0 +1,97 @@
+"""The engine-kind interface: what the Lane and the Supervisor need to know to run any engine.
+
+One object per kind (llama.cpp, piper, whisper.cpp, vLLM, ...) says how its engine is found and at which
+version, whether it can start on this machine, what a model on it can do, and how to build the command
+that starts it. Kinds hold no state; the Lane owns the process, the Supervisor the policy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from app.core.frozen import module_argv
+from app.core.settings import Settings
+from app.hardware.model import Hardware
+from app.lanes.plan import LaunchPlan
+from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
+
+
+class EngineKind(Protocol):
+    @property
+    def lane(self) -> str:
+        """The routing lane id (app/routing/engines.py)."""
+        ...
+
+    @property
+    def formats(self) -> frozenset[str]:
+        """The ModelKind values of the models it runs."""
+        ...
+
+    @property
+    def offers(self) -> frozenset[str]:
+        """Everything it can do for some model (what a model can do: `capabilities`)."""
+        ...
+
+    @property
+    def memory(self) -> str:
+        """How its memory is known: app.lanes.plan.MEMORY_KINDS."""
+        ...
+
+    def install(self, settings: Settings) -> LaneInstall:
+        """Is the engine here, at which version, found where."""
+        ...
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        """Why it cannot start on this machine (installed or not), or None."""
+        ...
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        """What this model on this lane can be asked to do (app.lanes.plan.CAPABILITIES)."""
+        ...
+
+    def build(
+        self,
+        entry: ModelEntry,
+        settings: Settings,
+        *,
+        ppid: int,
+        free_port: int,
+        hardware: Hardware | None,
+        used: Mapping[str, int] | None,
+    ) -> LaunchPlan:
+        """The command for this model; raises a SwitchyardError saying what to do when it cannot start."""
+        ...
+
+
+def dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def module_install(lane: str, module: str, dist: str, *, hint: str) -> LaneInstall:
+    """A Python-packaged engine, importable by the server's interpreter (the workers run under it)."""
+    if importlib.util.find_spec(module) is None:
+        return LaneInstall(lane, False, None, note=f"{dist} is not installed: {hint}")
+    return LaneInstall(lane, True, f"{dist} {dist_version(dist) or '(version unknown)'}")
+
+
+def find_binary(name: str, configured: str | None) -> str | None:
+    """A configured path (must be an executable file) or `name` on PATH."""
+    if configured:
+        p = Path(configured).expanduser()
+        return str(p) if p.is_file() and os.access(p, os.X_OK) else None
+    return shutil.which(name)
+
+
+def worker_argv(module: str, params_json: str, *, ppid: int) -> tuple[str, ...]:
+    """Our own worker process for an engine that is a Python library (no HTTP server of its own)."""
+    return (*module_argv(module), "--ppid", str(ppid), "--params", params_json)  # frozen-aware

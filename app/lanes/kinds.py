@@ -1,0 +1,73 @@
+"""Every engine kind Switchyard can start, by lane id, and the choice of kind for a catalog entry."""
+
+from __future__ import annotations
+
+from app.core.errors import EngineUnavailableError
+from app.core.settings import Settings
+from app.hardware.model import Hardware
+from app.lanes.cuda import SGLangKind, VLLMKind
+from app.lanes.kind import EngineKind
+from app.lanes.llamacpp import LlamaCppKind
+from app.lanes.mlx import MLXKind
+from app.lanes.piper import PiperKind
+from app.lanes.whisper import WhisperKind
+from app.library.model import ModelEntry
+from app.routing.engines import LANES, install_hint, title
+
+
+def engine_kinds() -> dict[str, EngineKind]:
+    """Fresh, stateless kind objects in the canonical lane order."""
+    kinds: list[EngineKind] = [
+        LlamaCppKind(),
+        MLXKind(),
+        VLLMKind(),
+        SGLangKind(),
+        WhisperKind(),
+        PiperKind(),
+    ]
+    by_lane = {k.lane: k for k in kinds}
+    return {lane: by_lane[lane] for lane in LANES if lane in by_lane}
+
+
+def kinds_for_format(fmt: str, kinds: dict[str, EngineKind]) -> list[EngineKind]:
+    return [k for k in kinds.values() if fmt in k.formats]
+
+
+def choose_kind(
+    entry: ModelEntry,
+    settings: Settings,
+    *,
+    kinds: dict[str, EngineKind],
+    hardware: Hardware | None,
+    pinned: str | None,
+) -> EngineKind:
+    """The kind that starts `entry`: its pin, else the first kind for its format that can start here.
+
+    Raises EngineUnavailableError naming what each candidate lacks."""
+    if pinned:
+        kind = kinds.get(pinned)
+        if kind is None or entry.format not in kind.formats:
+            raise EngineUnavailableError(
+                f"model {entry.id!r} is pinned to {pinned}, which this Switchyard cannot start; "
+                f"`switchyard pin {entry.id} --clear` or pin it to a lane that runs {entry.format} models"
+            )
+        candidates = [kind]
+    else:
+        candidates = kinds_for_format(entry.format, kinds)
+    if not candidates:
+        raise EngineUnavailableError(f"no lane runs {entry.format} models yet")
+    why: list[str] = []
+    for kind in candidates:
+        refusal = kind.start_refusal(settings, hardware)
+        if refusal is None:
+            return kind
+        why.append(f"{title(kind.lane)}: {refusal}")
+    hints = "; ".join(install_hint(k.lane) for k in candidates if not k.install(settings).installed)
+    todo = f" To fix: {hints}." if hints else ""
+    raise EngineUnavailableError(f"no lane can start {entry.id!r} here ({'; '.join(why)}).{todo}")
+
+
+def default_kind(entry: ModelEntry, kinds: dict[str, EngineKind]) -> EngineKind | None:
+    """The kind a model would run on (for capability answers; no install checks)."""
+    found = kinds_for_format(entry.format, kinds)
+    return found[0] if found else None

@@ -1,0 +1,115 @@
+"""The MLX lane: `mlx_lm.server` on an MLX (or, on Apple Silicon, a plain safetensors) model folder.
+
+MLX sizes its KV cache as requests come: capacity is "runtime-managed". We report the trained window
+from config.json as the ceiling, make up no KV estimate, and show the measured footprint after load
+(the process's resident memory). mlx_lm.server reads the hub cache for /v1/models even for a local
+folder: HF_HUB_OFFLINE=1 and an existing HF_HUB_CACHE keep it offline and working.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import EngineUnavailableError
+from app.core.settings import Settings
+from app.hardware.model import Hardware
+from app.lanes.kind import module_install
+from app.lanes.plan import LaunchPlan
+from app.lanes.proc import engine_env
+from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
+
+
+@dataclass(frozen=True)
+class MLXParams:
+    model_path: str
+    served_name: str
+    trained_context: int | None  # the ceiling; MLX itself grows its cache up to what memory allows
+    extra_args: tuple[str, ...]
+
+
+def apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def trained_context(folder: Path) -> int | None:
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return int(value) if isinstance(value, int) else None
+
+
+class MLXKind:
+    lane = "mlx"
+    offers = frozenset({"chat", "completions"})
+    memory = "runtime-managed"
+
+    @property
+    def formats(self) -> frozenset[str]:
+        return frozenset({"mlx", "safetensors"}) if apple_silicon() else frozenset({"mlx"})
+
+    def install(self, settings: Settings) -> LaneInstall:
+        hint = (
+            "pip install mlx-lm" if apple_silicon() else "pip install 'mlx[cpu]' mlx-lm (Linux, glibc 2.35+)"
+        )
+        found = module_install(self.lane, "mlx_lm", "mlx-lm", hint=hint)
+        if found.installed and module_install(self.lane, "mlx", "mlx", hint=hint).installed is False:
+            return LaneInstall(self.lane, False, found.version, note=f"mlx-lm is here but mlx is not: {hint}")
+        return found
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        install = self.install(settings)
+        return None if install.installed else install.note
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        return frozenset({"chat", "completions"})
+
+    def build(
+        self,
+        entry: ModelEntry,
+        settings: Settings,
+        *,
+        ppid: int,
+        free_port: int,
+        hardware: Hardware | None,
+        used: Mapping[str, int] | None,
+    ) -> LaunchPlan:
+        refusal = self.start_refusal(settings, hardware)
+        if refusal:
+            raise EngineUnavailableError(f"cannot start {entry.id!r} on MLX: {refusal}")
+        folder = entry.path
+        extra = tuple(shlex.split(settings.mlx_extra_args))
+        params = MLXParams(str(folder), entry.id, trained_context(folder), extra)
+        argv = (
+            sys.executable,
+            "-m",
+            "app.lanes.guard",
+            str(ppid),
+            "--",
+            sys.executable,
+            "-m",
+            "mlx_lm.server",
+            "--model",
+            str(folder),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port),
+            *extra,
+        )
+        hub = Path(tempfile.gettempdir()) / "switchyard-mlx-hub"
+        hub.mkdir(parents=True, exist_ok=True)
+        env = engine_env()
+        env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
+        return LaunchPlan(
+            "mlx-lm", argv, env, "/health", free_port, params, engine=self.lane, memory=self.memory
+        )

@@ -1,0 +1,153 @@
+"""`python -m app.lanes.whisper_worker --ppid N --params JSON`: whisper.cpp behind OpenAI's audio routes.
+
+`POST /v1/audio/transcriptions` and `/v1/audio/translations`, multipart: file (WAV at any rate; other
+formats through ffmpeg when installed), model, language, prompt, response_format (json, text, srt, vtt,
+verbose_json), temperature. One decode at a time: a whisper context is not safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from app.lanes.audio import RATE, AudioError, decode
+from app.lanes.whisper import WhisperParams
+from app.lanes.worker_http import error, guard_parent, log, serve
+
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+MAX_UPLOAD = 25 << 20  # OpenAI's limit
+
+
+def _stamp(centis: int, *, sep: str) -> str:
+    ms = max(0, int(centis)) * 10
+    h, rest = divmod(ms, 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def render(segments: list[Any], *, fmt: str, task: str, language: str, duration: float) -> web.Response:
+    text = "".join(s.text for s in segments).strip()
+    if fmt == "json":
+        return web.json_response({"text": text})
+    if fmt == "text":
+        return web.Response(text=text + "\n", content_type="text/plain")
+    if fmt in ("srt", "vtt"):
+        sep = "," if fmt == "srt" else "."
+        blocks = []
+        for i, s in enumerate(segments, 1):
+            times = f"{_stamp(s.t0, sep=sep)} --> {_stamp(s.t1, sep=sep)}"
+            blocks.append(
+                f"{i}\n{times}\n{s.text.strip()}\n" if fmt == "srt" else f"{times}\n{s.text.strip()}\n"
+            )
+        head = "WEBVTT\n\n" if fmt == "vtt" else ""
+        ctype = "application/x-subrip" if fmt == "srt" else "text/vtt"
+        return web.Response(text=head + "\n".join(blocks), content_type=ctype)
+    return web.json_response(
+        {
+            "task": task,
+            "language": language,
+            "duration": round(duration, 3),
+            "text": text,
+            "segments": [
+                {"id": i, "start": s.t0 / 100, "end": s.t1 / 100, "text": s.text, "temperature": None}
+                for i, s in enumerate(segments)
+            ],
+        }
+    )
+
+
+def make_app(model: Any, params: WhisperParams) -> web.Application:
+    lock = threading.Lock()
+
+    async def handle(request: web.Request, *, task: str) -> web.Response:
+        if not request.content_type.startswith("multipart/"):
+            return error(400, "send multipart/form-data with a `file` field (OpenAI's audio upload shape)")
+        form = await request.post()
+        upload = form.get("file")
+        if not isinstance(upload, web.FileField):
+            return error(400, "the `file` field is missing: attach the audio as a file", param="file")
+        data = upload.file.read()
+        fmt = str(form.get("response_format") or "json")
+        if fmt not in FORMATS:
+            return error(
+                400,
+                f"response_format {fmt!r} is unknown; use one of {', '.join(FORMATS)}",
+                param="response_format",
+            )
+        try:
+            temperature = float(str(form.get("temperature") or 0))
+        except ValueError:
+            return error(400, "`temperature` must be a number from 0 to 1", param="temperature")
+        if not 0 <= temperature <= 1:
+            return error(400, "`temperature` must be a number from 0 to 1", param="temperature")
+        language = str(form.get("language") or "") if task == "transcribe" else ""
+        prompt = str(form.get("prompt") or "")
+        try:
+            samples = await asyncio.to_thread(decode, data, filename=upload.filename or "")
+        except AudioError as exc:
+            return error(400, str(exc), param="file")
+        if samples.size == 0:
+            return error(400, "the audio file holds no samples", param="file")
+
+        def run() -> list[Any]:
+            kw: dict[str, Any] = {"translate": task == "translate", "temperature": temperature}
+            kw["initial_prompt"] = prompt
+            kw["language"] = language or ("en" if task == "translate" else "auto")
+            with lock:
+                return list(model.transcribe(samples, **kw))
+
+        segments = await asyncio.to_thread(run)
+        return render(
+            segments,
+            fmt=fmt,
+            task=task,
+            language=language or ("english" if task == "translate" else "auto"),
+            duration=samples.size / RATE,
+        )
+
+    async def transcriptions(request: web.Request) -> web.Response:
+        return await handle(request, task="transcribe")
+
+    async def translations(request: web.Request) -> web.Response:
+        return await handle(request, task="translate")
+
+    app = web.Application(client_max_size=MAX_UPLOAD + (1 << 20))
+    app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/v1/audio/translations", translations)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="app.lanes.whisper_worker")
+    ap.add_argument("--ppid", type=int, required=True)
+    ap.add_argument("--params", required=True)
+    args = ap.parse_args(argv)
+    if not guard_parent(args.ppid):
+        return 3
+    params = WhisperParams.from_json(args.params)
+    try:
+        from pywhispercpp.model import Model
+    except ImportError:
+        log("pywhispercpp is not installed: pip install pywhispercpp")
+        return 5
+    try:
+        # a path, never a name: given a name pywhispercpp would try to download a model
+        model = Model(
+            params.model_path,
+            redirect_whispercpp_logs_to=None,
+            n_threads=params.threads,
+            print_progress=False,
+        )
+    except Exception as exc:  # a bad file surfaces as several exception types from the binding
+        log(f"whisper.cpp could not load {params.model_path}: {type(exc).__name__}: {exc}")
+        return 5
+    return serve(make_app(model, params))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

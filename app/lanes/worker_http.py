@@ -1,0 +1,64 @@
+"""The small HTTP server our own engine workers run (piper, whisper.cpp): loopback, a free port, one
+JSON line `{"switchyard": "listening", "port": P}` on stdout when it serves, exit 0 on SIGTERM, and exit
+on its own when the server that started it is gone. Errors use the gateway's OpenAI error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from app.lanes.parentwatch import set_pdeathsig, watch_parent
+
+
+def error(
+    status: int, message: str, *, param: str | None = None, code: str = "invalid_request"
+) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "engine_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def log(message: str) -> None:
+    print(f"switchyard-worker: {message}", file=sys.stderr, flush=True)
+
+
+def guard_parent(ppid: int) -> bool:
+    """Die with the parent; False when the parent is already gone."""
+    set_pdeathsig(signal.SIGTERM)
+    if os.getppid() != ppid:
+        return False
+    watch_parent(ppid)
+    return True
+
+
+async def _serve(app: web.Application) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server: Any = site._server
+    port = int(server.sockets[0].getsockname()[1])
+    print(json.dumps({"switchyard": "listening", "port": port}), flush=True)
+    await stop.wait()
+    await runner.cleanup()
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})  # the model is loaded before the server listens
+
+
+def serve(app: web.Application) -> int:
+    app.router.add_get("/health", _health)
+    asyncio.run(_serve(app))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,23 @@
+"""The library as `switchyard ls`, GET /api/library and the GUI show it: a scan plus what library.db adds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.library.catalog import Catalog
+from app.library.store import Library
+
+
+def listing(library: Library, catalog: Catalog) -> list[dict[str, Any]]:
+    """Each entry's public form, with files (sha256 where known) and added/last-used times from library.db."""
+    entries = catalog.scan()
+    rows = {r["id"]: r for r in library.rows()}
+    out = []
+    for e in entries:
+        row = rows.get(e.id, {})
+        doc = e.public()
+        doc["files"] = row.get("files", [f.public() for f in e.files])
+        doc["added_at"] = row.get("added_at")
+        doc["last_used_at"] = row.get("last_used_at")
+        out.append(doc)
+    return out

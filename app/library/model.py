@@ -1,0 +1,112 @@
+"""What the library knows about one model: the entry the supervisor and gateway use, its files, origin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.formats.gguf_meta import GGUFFacts
+
+# where a model was found; `download`: in the HF cache and fetched by `switchyard pull`
+SOURCES = ("models_dir", "hf_cache", "import_copy", "import_link", "download")
+# formats some lane runs here (app/lanes); the others are listed with status `no_lane`. safetensors waits for a
+# machine where vLLM/SGLang can be tested end to end (bench/gpu_check.py), MLX for its lane test
+LANE_FORMATS = frozenset({"gguf", "piper", "whisper-ggml"})
+# sources whose files Switchyard may delete on `rm` without --delete-files (its own copies and the cache)
+OWNED_SOURCES = frozenset({"hf_cache", "download", "import_copy"})
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    rel: str  # relative to the entry's location, POSIX separators
+    size: int
+    mtime_ns: int
+    sha256: str | None = None  # known for HF cache LFS blobs (the blob's name) and copied imports
+
+    def public(self) -> dict[str, Any]:
+        return {"path": self.rel, "size": self.size, "sha256": self.sha256, "mtime_ns": self.mtime_ns}
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model came from on the hub: the repository, the ref and the commit its files are from."""
+
+    repo: str
+    revision: str | None = None  # the ref (`main`)
+    commit: str | None = None
+    snapshot: str | None = None  # the snapshot folder in the HF cache
+    history: tuple[str, ...] = ()  # older revisions of the repository still in the cache
+
+    @property
+    def short(self) -> str:
+        return f"{self.repo}@{self.commit[:7]}" if self.commit else self.repo
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "repo": self.repo,
+            "revision": self.revision,
+            "commit": self.commit,
+            "snapshot": self.snapshot,
+            "history": list(self.history),
+        }
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model. Only GGUF entries carry `facts`; `ok` (servable) also covers other formats with a lane."""
+
+    id: str
+    path: Path  # the main file (first GGUF part) or the model's folder
+    facts: GGUFFacts | None
+    problem: str | None
+    parts: tuple[Path, ...] = ()
+    format: str = "gguf"
+    kind_name: str | None = None  # the kind of a non-GGUF model (GGUF kinds come from the facts)
+    source: str = "models_dir"
+    location: Path | None = None  # the folder FileInfo.rel is relative to
+    files: tuple[FileInfo, ...] = ()
+    origin: Origin | None = None
+    quant: str | None = None  # Q4_K_M, ... from the file name (HF cache models), for `repo:QUANT`
+
+    @property
+    def ok(self) -> bool:
+        if self.problem is not None:
+            return False
+        return self.facts is not None if self.format == "gguf" else self.format in LANE_FORMATS
+
+    @property
+    def kind(self) -> str:
+        if self.kind_name is not None:
+            return self.kind_name
+        if self.facts is None:
+            return "unknown"
+        return "embedding" if self.facts.is_embedding else "chat"
+
+    @property
+    def status(self) -> str:
+        if self.problem is not None:
+            return "broken"
+        return "ok" if self.ok else "no_lane"
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "path": str(self.path),
+            "format": self.format,
+            "kind": self.kind,
+            "status": self.status,
+            "problem": self.problem
+            or (None if self.ok else f"no lane for format {self.format} yet (GGUF, Piper voices and whisper ggml models run today)"),
+            "parts": [str(p) for p in self.parts] if len(self.parts) > 1 else [],
+            "facts": self.facts.public() if self.facts else None,
+            "source": self.source,
+            "location": str(self.location) if self.location else None,
+            "size": self.size,
+            "quant": self.quant,
+            "origin": self.origin.public() if self.origin else None,
+        }

@@ -1,0 +1,263 @@
+"""Fit before download: the memory plan and routing decision for models that are still on the hub.
+
+For a GGUF quantization the header of every part is read with Range requests (app.hub.remote), written
+into sparse local stand-ins of the real sizes, and run through the same `explain()` a local file gets, so a
+remote verdict is the verdict the downloaded file will have. For a safetensors repository, config.json and
+the shards' safetensors headers give the parameter count and bytes per dtype; the verdict is then only
+about the weights (no KV cache model for those lanes yet), and says so.
+
+It sits at the top level (like explain.py) because it joins hub, formats, fit and routing.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from app.core.errors import HubError
+from app.core.settings import Settings
+from app.explain import _gpu_shares, _hw_summary, explain
+from app.formats.detect import ModelFormat, ModelKind
+from app.formats.gguf_meta import GGUFFacts, read_gguf
+from app.formats.safetensors_meta import SafetensorsModel, SafetensorsProblem, model_from_metadata
+from app.hardware.model import Hardware
+from app.hub.api import ModelDetail
+from app.hub.quant import QuantChoice
+from app.hub.remote import RangeReader, sparse_copy
+from app.lanes.installed import installed_lanes
+from app.library.model import ModelEntry
+from app.routing import FitCheck, decide
+
+PARALLEL_READS = 4
+VERDICT_WORDS = {
+    "gpu": "fits on the GPU",
+    "partial": "partial GPU offload",
+    "cpu": "CPU only",
+    "too_large": "does not fit",
+}
+
+
+def _unknown(reason: str, **extra: Any) -> dict[str, Any]:
+    return {"verdict": None, "fits": None, "summary": reason, "problem": reason, "lane": None, **extra}
+
+
+def fit_choice(
+    repo: str,
+    commit: str,
+    choice: QuantChoice,
+    *,
+    reader: RangeReader,
+    settings: Settings,
+    hardware: Hardware,
+    pins: Mapping[str, str],
+    used: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The verdict for one quantization; a hub error or unreadable header gives verdict None with why."""
+    if not choice.complete:
+        return _unknown(f"only {len(choice.files)} of its {choice.parts_expected} parts are on the hub")
+    fetched = 0
+    try:
+        headers = []
+        for f in choice.files:
+            prefix = reader.gguf_header(repo, commit, f.path)
+            fetched += prefix.fetched
+            headers.append((f, prefix))
+    except HubError as exc:
+        return _unknown(exc.message, header_bytes_fetched=fetched)
+    model_id = f"{repo}:{choice.name}"
+    with tempfile.TemporaryDirectory(prefix="sy-remote-") as tmp:
+        paths = [sparse_copy(Path(tmp), PurePosixPath(f.path).name, p.data, p.total) for f, p in headers]
+        facts = read_gguf(paths[0])
+        if not isinstance(facts, GGUFFacts):
+            return _unknown(facts.reason, header_bytes_fetched=fetched)
+        entry = ModelEntry(model_id, paths[0], facts, None, tuple(paths))
+        doc = explain(entry, settings=settings, hardware=hardware, pins=dict(pins), used=dict(used or {}))
+    fit = doc.get("fit")
+    decision = doc["decision"]
+    out: dict[str, Any] = {
+        "verdict": fit["verdict"] if fit else None,
+        "fits": fit["fits"] if fit else None,
+        "summary": fit["summary"]
+        if fit
+        else (doc.get("fit_problem") or doc.get("problem") or "not estimated"),
+        "problem": doc.get("problem") or (None if fit else doc.get("fit_problem")),
+        "lane": decision.get("lane"),
+        "reasons": decision.get("reasons", []),
+        "rejections": decision.get("rejections", []),
+        "header_bytes": sum(len(p.data) for _, p in headers),
+        "header_bytes_fetched": fetched,
+        "facts": doc.get("facts"),
+        "requested": doc.get("requested"),
+    }
+    if fit:
+        chosen = fit.get("chosen") or {}
+        best = max((p.get("max_ctx") or 0 for p in fit["placements"]), default=0)
+        out.update(
+            placement=chosen.get("name"),
+            gpu_layers=chosen.get("gpu_layers"),
+            ctx_size=chosen.get("ctx_size"),
+            max_ctx=chosen.get("max_ctx") if chosen else (best or None),
+            tokens_per_s=chosen.get("tokens_per_s"),
+            advice=fit.get("advice", []),
+            plan=fit,
+        )
+    return out
+
+
+def fit_safetensors(
+    detail: ModelDetail,
+    *,
+    reader: RangeReader,
+    settings: Settings,
+    hardware: Hardware,
+    pins: Mapping[str, str],
+) -> dict[str, Any] | None:
+    """A size-based verdict from config.json and the shards' headers; None without safetensors files."""
+    shards = sorted(f.path for f in detail.files if f.path.endswith(".safetensors") and "/" not in f.path)
+    if not shards:
+        return None
+    repo, commit = detail.id, detail.commit
+    try:
+        raw = reader.optional_small_file(repo, commit, "config.json")
+        if raw is None:
+            return _unknown("the repository has no config.json, so its architecture is unknown")
+        config = json.loads(raw)
+        index_raw = reader.optional_small_file(repo, commit, "model.safetensors.index.json")
+        if index_raw is not None:
+            weight_map = json.loads(index_raw).get("weight_map") or {}
+            shards = sorted(set(weight_map.values())) or shards
+        elif len(shards) > 1 and "consolidated.safetensors" in shards:
+            shards = [s for s in shards if s != "consolidated.safetensors"]
+        headers = [reader.safetensors_header(repo, commit, s) for s in shards]
+    except HubError as exc:
+        return _unknown(exc.message)
+    except (ValueError, AttributeError) as exc:
+        return _unknown(f"config.json or the safetensors index is not valid JSON ({exc})")
+    if not isinstance(config, dict):
+        return _unknown("config.json is not a JSON object")
+    model = model_from_metadata(config, headers, files=shards)
+    if isinstance(model, SafetensorsProblem):
+        return _unknown(model.reason)
+    return _weights_verdict(model, detail=detail, settings=settings, hardware=hardware, pins=pins)
+
+
+def _weights_verdict(
+    model: SafetensorsModel,
+    *,
+    detail: ModelDetail,
+    settings: Settings,
+    hardware: Hardware,
+    pins: Mapping[str, str],
+) -> dict[str, Any]:
+    weights = model.weights.total_bytes if model.weights else None
+    kind = ModelKind.MLX if model.mlx_evidence else ModelKind.SAFETENSORS
+    fmt = ModelFormat(kind, Path(detail.id), facts=model)
+    shares = _gpu_shares(model, hardware, settings=settings)
+
+    def fit(lane: str) -> FitCheck | None:
+        share = shares.get(lane)
+        return FitCheck(share["fits"], share["summary"]) if share else None
+
+    decision = decide(
+        fmt,
+        hardware=hardware,
+        installed=installed_lanes(settings),
+        pins=dict(pins),
+        model_id=detail.id,
+        fit=fit,
+    )
+    gpus = [g for g in hardware.gpus if g.memory_total]
+    gpu_free = max((g.memory_free or g.memory_total or 0 for g in gpus), default=0)
+    ram = hardware.memory.available
+    verdict: str | None
+    if weights is None:
+        verdict, summary = None, "the weights' size is unknown (no safetensors headers)"
+    elif gpu_free and weights <= gpu_free:
+        verdict, summary = (
+            "gpu",
+            f"the weights ({_gib(weights)}) fit in {_gib(gpu_free)} free on the largest GPU",
+        )
+    elif ram is not None and weights <= ram:
+        verdict, summary = (
+            "cpu",
+            f"the weights ({_gib(weights)}) fit in {_gib(ram)} of available RAM, not on a GPU",
+        )
+    elif ram is None:
+        verdict, summary = None, f"the weights need {_gib(weights)}; this machine's free memory is unknown"
+    else:
+        verdict, summary = (
+            "too_large",
+            f"does not fit: the weights alone need {_gib(weights)}, {_gib(ram)} RAM free",
+        )
+    note = "size of the weights only: KV cache and activations are not estimated for this format yet"
+    return {
+        "verdict": verdict,
+        "fits": None if verdict is None else verdict != "too_large",
+        "summary": summary,
+        "note": note,
+        "problem": None,
+        "lane": decision.lane,
+        "reasons": list(decision.reasons),
+        "rejections": [r.public() for r in decision.rejections],
+        "max_ctx": None,
+        "max_ctx_reason": note,
+        "parameters": model.weights.parameter_count if model.weights else None,
+        "weights_bytes": weights,
+        "dtypes": dict(model.weights.bytes_by_dtype) if model.weights else {},
+        "architectures": list(model.config.architectures),
+        "model_type": model.config.model_type,
+        "gpu_shares": shares or None,
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def fit_detail(
+    detail: ModelDetail,
+    *,
+    reader: RangeReader,
+    settings: Settings,
+    hardware: Hardware,
+    pins: Mapping[str, str],
+    used: Mapping[str, int] | None = None,
+    only: str | None = None,
+) -> ModelDetail:
+    """Fill `detail.fit`: a verdict per quantization (or just `only`), and one for safetensors weights."""
+    choices = [
+        c for c in detail.gguf.choices if only is None or c.name.lower() == only.lower() or c.quant == only
+    ]
+
+    def one(c: QuantChoice) -> tuple[str, dict[str, Any]]:
+        verdict = fit_choice(
+            detail.id,
+            detail.commit,
+            c,
+            reader=reader,
+            settings=settings,
+            hardware=hardware,
+            pins=pins,
+            used=used,
+        )
+        return c.name, verdict
+
+    with ThreadPoolExecutor(max_workers=PARALLEL_READS) as pool:
+        by_quant = dict(pool.map(one, choices))
+    safetensors = (
+        fit_safetensors(detail, reader=reader, settings=settings, hardware=hardware, pins=pins)
+        if only is None
+        else None
+    )
+    detail.fit = {"hardware": _hw_summary(hardware), "quantizations": by_quant, "safetensors": safetensors}
+    if not by_quant and safetensors is None:
+        detail.fit_problem = (
+            f"no quantization named {only!r}"
+            if only
+            else "no GGUF or safetensors weights to estimate in this repository"
+        )
+    return detail

@@ -1,0 +1,68 @@
+"""OpenAI's audio routes, routed by `model` like chat: speech (Piper), transcriptions and translations
+(whisper.cpp). A model whose lane cannot do the route's task gets a 400 naming the lanes that can."""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+
+from aiohttp import web
+
+from app.core.errors import BadRequestError
+from app.server.lane_call import call_lane, need_model
+from app.server.validate import parse_body
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/v1/audio/speech")
+async def speech(request: web.Request) -> web.Response:
+    raw = await request.read()
+    body = parse_body(raw)
+    model = need_model(body.get("model"))
+    if not isinstance(body.get("input"), str):
+        raise BadRequestError("missing required field 'input' (the text to speak)", param="input")
+    return await call_lane(
+        request,
+        model=model,
+        capability="speech",
+        path="/v1/audio/speech",
+        body=raw,
+        content_type="application/json",
+    )
+
+
+def form_field(raw: bytes, content_type: str, name: str) -> str | None:
+    """One text field of a multipart body, read without consuming it (the body goes on unchanged)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
+    if not msg.is_multipart():
+        return None
+    for part in msg.iter_parts():
+        if part.get_param("name", header="content-disposition") == name and not part.get_filename():
+            payload = part.get_payload(decode=True)
+            return payload.decode("utf-8", errors="replace").strip() if isinstance(payload, bytes) else None
+    return None
+
+
+async def _audio_in(request: web.Request, *, capability: str, path: str) -> web.Response:
+    ctype = request.headers.get("Content-Type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise BadRequestError(
+            "send multipart/form-data with `file` and `model` fields (OpenAI's upload shape)"
+        )
+    raw = await request.read()
+    model = need_model(form_field(raw, ctype, "model"))
+    return await call_lane(
+        request, model=model, capability=capability, path=path, body=raw, content_type=ctype
+    )
+
+
+@routes.post("/v1/audio/transcriptions")
+async def transcriptions(request: web.Request) -> web.Response:
+    return await _audio_in(request, capability="transcription", path="/v1/audio/transcriptions")
+
+
+@routes.post("/v1/audio/translations")
+async def translations(request: web.Request) -> web.Response:
+    return await _audio_in(request, capability="translation", path="/v1/audio/translations")

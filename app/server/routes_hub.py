@@ -1,0 +1,102 @@
+"""Admin API for browsing Hugging Face: search, model detail with per-quantization fit, hub status.
+
+Hub calls block (huggingface_hub is synchronous), so they run in threads. Errors are Switchyard hub errors
+rendered as the usual envelope by the errors middleware: 404 hub_repo_not_found, 403 hub_gated,
+401 hub_unauthorized, 503 hub_offline, 502 hub_unreachable, 422 remote_header_unreadable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from aiohttp import web
+
+from app.core.errors import BadRequestError
+from app.core.pins import load_pins
+from app.hardware.probe import read_memory
+from app.hub.api import SearchQuery
+from app.hub.browse import Hub
+from app.remote_fit import fit_detail
+from app.server.keys import RUNTIME
+
+HUB: web.AppKey[Hub] = web.AppKey("hub", Hub)
+routes = web.RouteTableDef()
+
+
+def setup(app: web.Application) -> None:
+    """One Hub per app (it holds a token kept for this process only), and the routes."""
+    rt = app[RUNTIME]
+    app[HUB] = Hub(rt.paths, rt.settings, tokens=rt.tokens)
+    app.add_routes(routes)
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise BadRequestError(f"{name!r} must be a positive integer, got {raw!r}", param=name)
+    return int(raw)
+
+
+def _flag(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise BadRequestError(f"{name!r} must be true or false, got {raw!r}", param=name)
+    return raw.lower() in ("1", "true", "yes")
+
+
+@routes.get("/api/hub/status")
+async def hub_status(request: web.Request) -> web.Response:
+    """Endpoint, offline mode, proxy and whether a token is set (and where from), never its value."""
+    hub = request.app[HUB]
+    doc = await asyncio.to_thread(hub.status, verify=_flag(request, "verify", True))
+    return web.json_response(doc)
+
+
+@routes.get("/api/hub/search")
+async def hub_search(request: web.Request) -> web.Response:
+    """Search models on the hub: q, format, sort, author, limit, page (next_page says what to pass back)."""
+    q = request.query
+    query = SearchQuery(
+        text=q.get("q") or None,
+        format=q.get("format") or None,
+        sort=q.get("sort") or "downloads",
+        author=q.get("author") or None,
+        page=_int(request, "page", 1),
+        size=_int(request, "limit", 20),
+    )
+    hub = request.app[HUB]
+    page = await asyncio.to_thread(lambda: hub.client().search(query))
+    return web.json_response(page.public())
+
+
+@routes.get("/api/hub/models/{repo:[^/]+/[^/]+}")
+async def hub_model(request: web.Request) -> web.Response:
+    """One repository: card, files by quantization and, with fit=true (default), each one's verdict here."""
+    rt = request.app[RUNTIME]
+    hub = request.app[HUB]
+    repo = request.match_info["repo"]
+    revision = request.query.get("revision") or None
+    fit = _flag(request, "fit", True)
+    only = request.query.get("quant") or None
+    client = hub.client()
+    detail = await asyncio.to_thread(
+        client.detail, repo, revision=revision, card=_flag(request, "card", True)
+    )
+    if fit:
+        hw = await rt.hardware_with_bandwidth()
+        await asyncio.to_thread(
+            fit_detail,
+            detail,
+            reader=client.reader,
+            settings=rt.settings,
+            hardware=dataclasses.replace(hw, memory=read_memory()),
+            pins=load_pins(rt.paths.pins_file),
+            used=rt.supervisor.gpu_used(),
+            only=only,
+        )
+    return web.json_response(detail.public())

@@ -1,0 +1,109 @@
+"""The desktop app: the Runtime and the server in-process, the main window, the tray, single instance.
+
+`Desktop` is entered once under qasync and left when Quit sets `quit_event` (never app.quit() mid-await).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import Any
+
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+from app.chat.store import ChatStore
+from app.core.errors import SwitchyardError
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.hub.browse import Hub
+from app.runtime import Runtime
+from app.ui.asyncs import Tasks
+from app.ui.bridge import Bridge
+from app.ui.server_ctl import ServerControl
+from app.ui.single import InstanceServer
+from app.ui.state import UiState
+
+log = logging.getLogger("switchyard.ui")
+
+
+class Desktop:
+    def __init__(self, paths: Paths, settings: Settings, *, qapp: QApplication) -> None:
+        self.paths = paths
+        self.settings = settings
+        self.qapp = qapp
+        self.tasks = Tasks()
+        self.quit_event = asyncio.Event()
+        self.state = UiState(paths.home / "ui.json")
+        self.notices: list[tuple[str, str]] = []
+        self.closing = False  # every notification shown (the tray may not exist)
+
+    async def __aenter__(self) -> Desktop:
+        from app.ui.tray import Tray
+        from app.ui.window import MainWindow
+
+        # the catalog's first scan reads model headers: off the UI thread
+        self.runtime = await asyncio.to_thread(Runtime, settings=self.settings, paths=self.paths)
+        self.server = ServerControl(self.runtime, self.paths)
+        await self.server.setup()
+        self.bridge = Bridge(self.runtime.bus)
+        await self.bridge.start()
+        self.hub = Hub(self.paths, self.runtime.settings, tokens=self.runtime.tokens)
+        self.chats = ChatStore(self.paths.home / "chat.db")
+        self.window = MainWindow(self)
+        self.tray = Tray(self)
+        self.instance = InstanceServer(self.paths, self.bring_forward)
+        if self.settings.start_server_with_app:
+            with contextlib.suppress(SwitchyardError):  # the Server page and status bar show why
+                await self.server.start()
+        # drawn now, not when the bus event arrives a loop turn later
+        self.window._server_changed()
+        self.window.pages["Server"].refresh_state()  # type: ignore[attr-defined]
+        self.tray.rebuild()
+        self.window.restore()
+        self.window.show()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.closing = True
+        self.window.save_state()
+        await self.bridge.stop()  # widgets get no more events while the Runtime shuts down
+        self.tasks.cancel_all()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await self.tasks.settle(timeout=5)
+        self.instance.close()
+        self.tray.hide()
+        await self.server.close()  # stops every lane
+        self.chats.close()
+        self.window.quitting = True
+        self.window.close()
+        self.window.deleteLater()
+
+    async def run(self) -> None:
+        await self.quit_event.wait()
+
+    def quit(self) -> None:
+        self.quit_event.set()
+
+    def bring_forward(self) -> None:
+        self.window.showNormal()
+        self.window.raise_()
+        self.window.activateWindow()
+
+    def notify(self, title: str, text: str, *, warn: bool = False) -> None:
+        self.notices.append((title, text))
+        icon = QSystemTrayIcon.MessageIcon.Warning if warn else QSystemTrayIcon.MessageIcon.Information
+        if self.tray.isVisible():
+            self.tray.showMessage(title, text, icon, 6000)
+        self.window.statusBar().showMessage(f"{title}: {text}", 10000)
+
+    def spawn(self, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        if self.closing:  # nothing new starts while quitting
+            coro.close()
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut  # type: ignore[return-value]
+        return self.tasks.spawn(coro, **kw)

@@ -1,0 +1,52 @@
+"""`switchyard` / `switchyard gui`: the desktop window on a qasync loop (one loop for Qt and asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
+
+from app.core.paths import Paths
+from app.core.settings import Settings, load_settings
+
+
+def make_qapp(argv: list[str] | None = None) -> QApplication:
+    app = QApplication.instance()
+    if not isinstance(app, QApplication):
+        QApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
+        app = QApplication(argv if argv is not None else sys.argv[:1])
+    app.setApplicationName("Switchyard")
+    app.setOrganizationName("Switchyard")
+    app.setQuitOnLastWindowClosed(False)  # closing the window keeps the tray and the server
+    from app.ui import theme
+
+    theme.apply(app)
+    return app
+
+
+async def gui_main(app: QApplication, paths: Paths, settings: Settings) -> int:
+    from app.ui.desktop import Desktop
+
+    async with Desktop(paths, settings, qapp=app) as desk:
+        await desk.run()
+    return 0
+
+
+def run_gui(paths: Paths, *, settings: Settings | None = None) -> int:
+    import qasync
+
+    from app.ui.single import forward_to_running
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = make_qapp()
+    if forward_to_running(paths):
+        print("Switchyard is already running: its window was brought forward", file=sys.stderr)
+        return 0
+    settings = settings or load_settings(paths.settings_file)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    with loop:
+        return int(loop.run_until_complete(gui_main(app, paths, settings)))

@@ -1,0 +1,396 @@
+"""Chat: conversations in SQLite (app/chat/store.py), replies streamed through the local gateway — the
+same /v1/chat/completions path editors use — rendered as Markdown, with Stop, Regenerate, TTFT and tok/s."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.pages import Page
+
+
+class ChatPage(Page):
+    title = "Chat"
+    hint = ""
+
+    def __init__(self, desk: Any) -> None:
+        super().__init__(desk)
+        self.store = desk.chats
+        self.current: int | None = None
+        self.stream_task: asyncio.Task[Any] | None = None
+        self.live: dict[str, Any] | None = None  # the reply being streamed
+        split = QSplitter(Qt.Orientation.Horizontal)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search conversations")
+        self.search.textChanged.connect(lambda _: self.reload_list())
+        self.list = QListWidget()
+        self.list.currentItemChanged.connect(self._picked)
+        row = QHBoxLayout()
+        for name, slot in (("New", self.new_conversation), ("Rename", self.rename_dialog),
+                           ("Delete", self.delete_current), ("Export", self.export_dialog)):  # fmt: skip
+            b = QPushButton(name)
+            b.clicked.connect(lambda _=False, s=slot: s())
+            row.addWidget(b)
+        ll.addWidget(self.search)
+        ll.addWidget(self.list, 1)
+        ll.addLayout(row)
+        split.addWidget(left)
+
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(8, 0, 0, 0)
+        opts = QHBoxLayout()
+        self.model = QComboBox()
+        self.model.setMinimumWidth(200)
+        self.model.currentIndexChanged.connect(lambda _: self._save_options())
+        self.system = QLineEdit()
+        self.system.setPlaceholderText("System prompt (optional)")
+        self.system.editingFinished.connect(self._save_options)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0, 2)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(0.7)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 32768)
+        self.max_tokens.setValue(512)
+        opts.addWidget(QLabel("Model"))
+        opts.addWidget(self.model)
+        opts.addWidget(self.system, 1)
+        opts.addWidget(QLabel("Temperature"))
+        opts.addWidget(self.temperature)
+        opts.addWidget(QLabel("Max tokens"))
+        opts.addWidget(self.max_tokens)
+        rl.addLayout(opts)
+        self.view = QTextBrowser()
+        self.view.setOpenExternalLinks(True)
+        rl.addWidget(self.view, 1)
+        self.phase = QLabel("")
+        rl.addWidget(self.phase)
+        rl.addWidget(self.status)
+        send_row = QHBoxLayout()
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText("Message (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(90)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.setShortcut("Ctrl+Return")
+        self.send_btn.clicked.connect(lambda: self.send())
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.clicked.connect(self.stop)
+        self.stop_btn.setEnabled(False)
+        self.regen_btn = QPushButton("Regenerate")
+        self.regen_btn.clicked.connect(lambda: self.regenerate())
+        send_row.addWidget(self.input, 1)
+        col = QVBoxLayout()
+        for b in (self.send_btn, self.stop_btn, self.regen_btn):
+            col.addWidget(b)
+        send_row.addLayout(col)
+        rl.addLayout(send_row)
+        split.addWidget(right)
+        split.setSizes([240, 820])
+        self.root.addWidget(split, 1)
+        desk.bridge.event.connect(self._on_event)
+        self.reload_models()
+        self.reload_list()
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+
+    # ---- models and conversations -----------------------------------------------------------------
+    def reload_models(self) -> None:
+        keep = self.model.currentData()
+        self.model.blockSignals(True)
+        self.model.clear()
+        for mid in self.desk.runtime.catalog.ids():
+            self.model.addItem(mid, mid)
+        if self.model.count() == 0:
+            self.model.addItem("no model: download one on Discover", None)
+        idx = self.model.findData(keep)
+        self.model.setCurrentIndex(max(idx, 0))
+        self.model.blockSignals(False)
+
+    def reload_list(self) -> None:
+        self.list.blockSignals(True)
+        self.list.clear()
+        for c in self.store.conversations(search=self.search.text().strip() or None):
+            item = QListWidgetItem(c.title)
+            item.setData(Qt.ItemDataRole.UserRole, c.id)
+            item.setToolTip(c.model or "")
+            self.list.addItem(item)
+            if c.id == self.current:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+        if self.list.count() == 0:
+            self.view.setMarkdown("*No conversations yet.* Pick a model above, type a message and press Send.")
+
+    def new_conversation(self, *, model: str | None = None) -> int:
+        self.reload_models()
+        if model is not None:
+            self.model.setCurrentIndex(max(self.model.findData(model), 0))
+        cid = self.store.create("New chat", model=self.model.currentData(), system_prompt=self.system.text())
+        self.current = cid
+        self.reload_list()
+        self.render()
+        self.input.setFocus()
+        return cid
+
+    def _picked(self, item: QListWidgetItem | None, _prev: Any = None) -> None:
+        if item is None:
+            return
+        self.open(int(item.data(Qt.ItemDataRole.UserRole)))
+
+    def open(self, cid: int) -> None:
+        self.current = cid
+        conv = self.store.get(cid)
+        self.model.blockSignals(True)
+        idx = self.model.findData(conv.model)
+        if idx < 0 and conv.model:
+            self.model.addItem(conv.model, conv.model)
+            idx = self.model.count() - 1
+        self.model.setCurrentIndex(max(idx, 0))
+        self.model.blockSignals(False)
+        self.system.setText(conv.system_prompt)
+        self.temperature.setValue(float(conv.sampling.get("temperature", 0.7)))
+        self.max_tokens.setValue(int(conv.sampling.get("max_tokens", 512)))
+        self.render()
+
+    def _save_options(self) -> None:
+        if self.current is not None:
+            self.store.configure(self.current, model=self.model.currentData(), system_prompt=self.system.text(),
+                                 sampling=self._sampling())  # fmt: skip
+
+    def _sampling(self) -> dict[str, Any]:
+        return {"temperature": round(self.temperature.value(), 2), "max_tokens": self.max_tokens.value()}
+
+    def rename(self, cid: int, title: str) -> None:
+        try:
+            self.store.rename(cid, title)
+        except Exception as exc:
+            self.report(getattr(exc, "message", str(exc)))
+        self.reload_list()
+
+    def rename_dialog(self) -> None:
+        if self.current is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename", "Title", text=self.store.get(self.current).title)
+        if ok:
+            self.rename(self.current, title)
+
+    def delete_current(self) -> None:
+        if self.current is not None:
+            self.store.delete(self.current)
+            self.current = None
+            self.view.clear()
+            self.reload_list()
+
+    def export_dialog(self) -> None:
+        if self.current is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / "chat.md"),
+                                              "Markdown (*.md);;JSON (*.json)")  # fmt: skip
+        if path:
+            self.export(self.current, Path(path))
+
+    def export(self, cid: int, path: Path) -> None:
+        text = self.store.export_json(cid) if path.suffix == ".json" else self.store.export_markdown(cid)
+        path.write_text(text, encoding="utf-8")
+
+    # ---- rendering --------------------------------------------------------------------------------
+    def render(self) -> None:
+        if self.current is None:
+            return
+        parts: list[str] = []
+        for m in self.store.messages(self.current):
+            content = m.content
+            meta = m.meta
+            if self.live is not None and m.id == self.live["id"]:
+                content, meta = self.live["text"], self.live
+            if m.role == "user":
+                parts.append(f"**You**\n\n{content}\n")
+            elif m.role == "assistant":
+                parts.append(f"**Assistant**\n\n{content or '…'}\n\n{_stats(meta)}\n")
+            elif m.role == "error":
+                parts.append(f"> **Error:** {html.escape(content)}\n")
+        self.view.setMarkdown("\n---\n".join(parts) or "*Type a message below and press Send.*")
+        bar = self.view.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    # ---- sending ----------------------------------------------------------------------------------
+    def send(self, text: str | None = None) -> asyncio.Task[Any] | None:
+        text = (text if text is not None else self.input.toPlainText()).strip()
+        if not text or self.stream_task is not None:
+            return None
+        if self.current is None:
+            self.new_conversation()
+        assert self.current is not None
+        self._save_options()
+        msgs = self.store.messages(self.current)
+        if not any(m.role == "user" for m in msgs):  # name the conversation after its first question
+            self.store.rename(self.current, text[:60])
+            self.reload_list()
+        self.store.add(self.current, "user", text)
+        self.input.clear()
+        return self._start_stream(self.current)
+
+    def regenerate(self) -> asyncio.Task[Any] | None:
+        if self.current is None or self.stream_task is not None:
+            return None
+        users = [m for m in self.store.messages(self.current) if m.role == "user"]
+        if not users:
+            self.report("Nothing to regenerate yet: send a message first.")
+            return None
+        self.store.truncate_after(self.current, users[-1].id)
+        return self._start_stream(self.current)
+
+    def stop(self) -> None:
+        if self.stream_task is not None:
+            self.stream_task.cancel()
+
+    def _start_stream(self, cid: int) -> asyncio.Task[Any]:
+        self.clear_report()
+        task = self.desk.spawn(self._stream(cid), disable=[self.send_btn, self.regen_btn], report=self.report)
+        self.stream_task = task
+        self.stop_btn.setEnabled(True)
+
+        def done(_: Any) -> None:
+            self.stream_task = None
+            self.stop_btn.setEnabled(False)
+            self.phase.setText("")
+
+        task.add_done_callback(done)
+        return task
+
+    async def _stream(self, cid: int) -> None:
+        conv = self.store.get(cid)
+        srv = self.desk.server
+        if not conv.model:
+            self.store.add(cid, "error", "No model chosen: pick one above (or download one on Discover).")
+            self.render()
+            return
+        if not srv.running or not srv.url:
+            self.store.add(cid, "error", "The local server is stopped: start it on the Server page or from "
+                           "the tray, then press Regenerate.")  # fmt: skip
+            self.render()
+            return
+        body = {"model": conv.model, "messages": self.store.history(cid), "stream": True,
+                "stream_options": {"include_usage": True}, **conv.sampling}  # fmt: skip
+        aid = self.store.add(cid, "assistant", "")
+        self.live = {"id": aid, "text": "", "model": conv.model}
+        lane = self.desk.runtime.supervisor.lanes.get(conv.model)
+        if lane is None or str(lane.state) != "ready":
+            self.phase.setText(f"Loading {conv.model}… the first reply waits for the model to start")
+        self.render()
+        t0 = time.monotonic()
+        ttft: float | None = None
+        chunks, usage_tokens = 0, None
+        last_paint = 0.0
+        error: str | None = None
+        stopped = False
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{srv.url}/v1/chat/completions", json=body) as resp:
+                    if resp.status != 200:
+                        error = await _error_text(resp)
+                    else:
+                        async for raw in resp.content:
+                            line = raw.decode("utf-8", "replace").strip()
+                            if not line.startswith("data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == "[DONE]":
+                                break
+                            chunk = json.loads(data)
+                            if chunk.get("usage"):
+                                usage_tokens = chunk["usage"].get("completion_tokens")
+                            for ch in chunk.get("choices") or []:
+                                piece = (ch.get("delta") or {}).get("content")
+                                if piece:
+                                    if ttft is None:
+                                        ttft = time.monotonic() - t0
+                                        self.phase.setText("")
+                                    chunks += 1
+                                    self.live["text"] += piece
+                                    now = time.monotonic()
+                                    if now - last_paint > 0.05:  # redraw at most 20 times a second
+                                        self.render()
+                                        last_paint = now
+                            # let Qt run between chunks (Stop, typing, resizing stay live)
+                            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            stopped = True
+        except aiohttp.ClientError as exc:
+            error = f"the local server did not answer ({exc}); check the Server page, then Regenerate"
+        finally:
+            took = time.monotonic() - t0
+            tokens = usage_tokens or chunks
+            gen_time = took - (ttft or 0)
+            meta = {"ttft_s": round(ttft, 3) if ttft is not None else None,
+                    "tokens": tokens, "tok_per_s": round(tokens / gen_time, 1) if tokens and gen_time > 0 else None,
+                    "stopped": stopped, "model": conv.model}  # fmt: skip
+            text = self.live["text"] if self.live else ""
+            self.store.update(aid, content=text, meta=meta)
+            self.live = None
+            if error:
+                self.store.add(cid, "error", error)
+            self.render()
+        if stopped:
+            raise asyncio.CancelledError
+
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind in ("download.completed", "library.changed"):
+            self.reload_models()
+        if kind == "lane.state" and self.live is not None and data.get("model") == self.live.get("model"):
+            state = data.get("state")
+            if state == "starting":
+                self.phase.setText(f"Starting {data['model']}…")
+            elif state == "failed":
+                self.phase.setText(f"{data['model']} failed to start: {data.get('reason') or 'see the Lanes page'}")
+            elif state == "ready":
+                self.phase.setText(f"{data['model']} is ready; waiting for the first token…")
+
+
+def _stats(meta: dict[str, Any]) -> str:
+    bits = []
+    if meta.get("ttft_s") is not None:
+        bits.append(f"first token {meta['ttft_s']:.2f} s")
+    if meta.get("tok_per_s"):
+        bits.append(f"{meta['tok_per_s']:.1f} tok/s")
+    if meta.get("stopped"):
+        bits.append("stopped")
+    return f"*{' · '.join(bits)}*" if bits else ""
+
+
+async def _error_text(resp: aiohttp.ClientResponse) -> str:
+    try:
+        doc = await resp.json(content_type=None)
+        msg = (doc.get("error") or {}).get("message") if isinstance(doc, dict) else None
+    except (ValueError, aiohttp.ClientError):
+        msg = None
+    return f"{msg or await resp.text()} (HTTP {resp.status})"

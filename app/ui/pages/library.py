@@ -1,0 +1,246 @@
+"""Library: the local models with format, quant, size, fit, loaded state, last use and origin; Load/Unload,
+Chat, Explain, Delete (confirmed; refused while loaded) and Import (button or drag and drop)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QTableWidgetItem,
+)
+
+from app.core.errors import ModelInUseError
+from app.core.pins import load_pins
+from app.explain import explain
+from app.hardware.probe import read_memory
+from app.library.importer import import_model
+from app.library.listing import listing
+from app.library.remove import remove_model
+from app.ui import fmt
+from app.ui.explain_view import ExplainDialog
+from app.ui.pages import Page, table
+
+COLUMNS = ["Name", "Format", "Quant", "Size", "Fit", "Loaded", "Last used", "Origin"]
+LOADED = ("ready", "starting")
+
+
+class LibraryPage(Page):
+    title = "Library"
+    hint = "Models on this machine. Drop a model file or folder here to import it."
+
+    def __init__(self, desk: Any) -> None:
+        super().__init__(desk)
+        self.setAcceptDrops(True)
+        bar = QHBoxLayout()
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter by name")
+        self.filter.textChanged.connect(self._apply_filter)
+        self.buttons: dict[str, QPushButton] = {}
+        bar.addWidget(self.filter, 1)
+        for name, slot in (
+            ("Load", self.load), ("Unload", self.unload), ("Chat", self.chat), ("Explain", self.explain),
+            ("Delete", self.delete), ("Import…", self.import_dialog),
+        ):  # fmt: skip
+            b = QPushButton(name)
+            b.clicked.connect(lambda _=False, s=slot: s())
+            bar.addWidget(b)
+            self.buttons[name] = b
+        self.root.addLayout(bar)
+        self.root.addWidget(self.status)
+        self.table = table(COLUMNS)
+        self.table.setSortingEnabled(True)
+        self.table.doubleClicked.connect(lambda _: self.chat())
+        self.root.addWidget(self.table, 1)
+        self.empty = QLabel(
+            "No models yet. Find one on the Discover page, drop a .gguf file here, or press Import…"
+        )
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.root.addWidget(self.empty)
+        self.rows: list[dict[str, Any]] = []
+        self.dialogs: list[ExplainDialog] = []
+        desk.bridge.event.connect(self._on_event)
+        self.refresh()
+
+    def _on_event(self, kind: str, _data: Any) -> None:
+        if kind in ("download.completed", "lane.state", "library.changed"):
+            self.refresh()
+
+    # ---- listing ----------------------------------------------------------------------------------
+    def refresh(self) -> asyncio.Task[Any]:
+        return self.desk.spawn(self._refresh(), report=self.report)
+
+    async def _refresh(self) -> None:
+        rt = self.desk.runtime
+        hw = rt.hardware
+        pins = load_pins(rt.paths.pins_file)
+
+        def read() -> list[dict[str, Any]]:
+            docs = listing(rt.library, rt.catalog)
+            for d in docs:
+                d["fit_text"] = "-"
+                if hw is None or d.get("problem"):
+                    d["fit_text"] = "broken" if d.get("problem") else "-"
+                    continue
+                try:
+                    entry = rt.catalog.get(d["id"], allow_broken=True)
+                    doc = explain(entry, settings=rt.settings, hardware=dataclasses.replace(hw, memory=read_memory()),
+                                  pins=pins, used=rt.supervisor.gpu_used(exclude=d["id"]))  # fmt: skip
+                    fit = doc.get("fit") or {}
+                    v = {"verdict": fit.get("verdict"), "tokens_per_s": (fit.get("chosen") or {}).get("tokens_per_s")}
+                    d["fit_text"] = fmt.verdict(v) if fit else (doc.get("fit_problem") or "-")
+                except Exception as exc:  # one unreadable model must not hide the others
+                    d["fit_text"] = f"unknown ({exc})"
+            return docs
+
+        self.rows = await asyncio.to_thread(read)
+        lanes = rt.supervisor.lanes
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(len(self.rows))
+        for i, d in enumerate(self.rows):
+            lane = lanes.get(d["id"])
+            origin = d.get("origin") or {}
+            size = int(d.get("size") or sum(int(f.get("size") or 0) for f in d.get("files") or []))
+            cells = [
+                d["id"], d.get("format") or "-", d.get("quant") or _quant(d) or "-", fmt.size(size),
+                d["fit_text"], str(lane.state) if lane and str(lane.state) != "stopped" else "no",
+                fmt.ago(d.get("last_used_at")), origin.get("repo") or d.get("source") or "-",
+            ]  # fmt: skip
+            for j, c in enumerate(cells):
+                item = QTableWidgetItem(c)
+                item.setData(Qt.ItemDataRole.UserRole, d["id"])
+                if j == 3:
+                    item.setData(Qt.ItemDataRole.UserRole + 1, size)
+                self.table.setItem(i, j, item)
+        self.table.setSortingEnabled(True)
+        self.empty.setVisible(not self.rows)
+        self._apply_filter()
+
+    def _apply_filter(self) -> None:
+        text = self.filter.text().lower()
+        for i in range(self.table.rowCount()):
+            item = self.table.item(i, 0)
+            self.table.setRowHidden(i, bool(text) and text not in (item.text().lower() if item else ""))
+
+    def selected(self) -> str | None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            self.report("Select a model in the table first.")
+            return None
+        item = self.table.item(rows[0].row(), 0)
+        return str(item.data(Qt.ItemDataRole.UserRole)) if item else None
+
+    def select(self, model_id: str) -> bool:
+        for i in range(self.table.rowCount()):
+            item = self.table.item(i, 0)
+            if item and item.data(Qt.ItemDataRole.UserRole) == model_id:
+                self.table.selectRow(i)
+                return True
+        return False
+
+    # ---- actions ----------------------------------------------------------------------------------
+    def load(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
+        mid = model_id or self.selected()
+        if mid is None:
+            return None
+        self.clear_report()
+        return self.desk.spawn(self.desk.runtime.supervisor.load(mid), disable=[self.buttons["Load"]],
+                               report=self.report)  # fmt: skip
+
+    def unload(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
+        mid = model_id or self.selected()
+        if mid is None:
+            return None
+        return self.desk.spawn(self.desk.runtime.supervisor.unload(mid), report=self.report)
+
+    def chat(self) -> None:
+        mid = self.selected()
+        if mid is not None:
+            self.desk.window.show_page("Chat").new_conversation(model=mid)
+
+    def explain(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
+        mid = model_id or self.selected()
+        if mid is None:
+            return None
+        return self.desk.spawn(self._explain(mid), report=self.report)
+
+    async def _explain(self, mid: str) -> ExplainDialog:
+        rt = self.desk.runtime
+        entry = rt.catalog.get(mid, allow_broken=True)
+        hw = await rt.hardware_with_bandwidth()
+        lane = rt.supervisor.lanes.get(mid)
+        doc = await asyncio.to_thread(
+            explain, entry, settings=rt.settings, hardware=dataclasses.replace(hw, memory=read_memory()),
+            pins=load_pins(rt.paths.pins_file), used=rt.supervisor.gpu_used(exclude=mid),
+            lane=lane.snapshot() if lane else None, recorded=rt.footprints.get(mid, path=entry.path),
+        )  # fmt: skip
+        dlg = ExplainDialog(mid, doc, self)
+        self.dialogs.append(dlg)
+        dlg.show()
+        return dlg
+
+    def delete(self, model_id: str | None = None, *, confirm: bool = True) -> asyncio.Task[Any] | None:
+        mid = model_id or self.selected()
+        if mid is None:
+            return None
+        lane = self.desk.runtime.supervisor.lanes.get(mid)
+        if lane is not None and (str(lane.state) in LOADED or lane.in_flight > 0):
+            self.report(f"{mid} is loaded ({lane.state}); unload it first, then delete it.")
+            return None
+        if confirm:
+            # a plain slot, not a coroutine: the modal question runs before any await
+            answer = QMessageBox.question(self, "Delete model", f"Delete {mid} and its files from this machine?")
+            if answer != QMessageBox.StandardButton.Yes:
+                return None
+        return self.desk.spawn(self._delete(mid), report=self.report)
+
+    async def _delete(self, mid: str) -> None:
+        rt = self.desk.runtime
+        lane = rt.supervisor.lanes.get(mid)
+        if lane is not None and (str(lane.state) in LOADED or lane.in_flight > 0):
+            raise ModelInUseError(f"{mid} is loaded ({lane.state}); unload it first, then delete it")
+        await asyncio.to_thread(remove_model, mid, catalog=rt.catalog, library=rt.library,
+                                imported_root=rt.paths.imported)  # fmt: skip
+        self.desk.notify("Model deleted", mid)
+        await self._refresh()
+
+    def import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()), "Models (*.gguf);;All (*)")
+        if path:
+            self.import_path(Path(path))
+
+    def import_path(self, path: Path) -> asyncio.Task[Any]:
+        return self.desk.spawn(self._import(path), report=self.report)
+
+    async def _import(self, path: Path) -> None:
+        rt = self.desk.runtime
+        self.clear_report()
+        entry = await asyncio.to_thread(import_model, path, catalog=rt.catalog, library=rt.library,
+                                        imported_root=rt.paths.imported)  # fmt: skip
+        self.desk.notify("Model imported", entry.id)
+        await self._refresh()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        for url in event.mimeData().urls():
+            if url.isLocalFile():
+                self.import_path(Path(url.toLocalFile()))
+        event.acceptProposedAction()
+
+
+def _quant(d: dict[str, Any]) -> str | None:
+    facts = d.get("facts") or {}
+    return facts.get("file_type") or facts.get("quant")

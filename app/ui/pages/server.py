@@ -1,0 +1,229 @@
+"""Server: state and address, Start/Stop, Copy base URL, client snippets, API keys, LAN access, and the
+live request log from `request.done` events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.errors import BadRequestError, SettingsError
+from app.core.secrets import KeyStore
+from app.server import auth
+from app.ui.pages import Page, table
+
+LOG_ROWS = 500
+
+
+class ServerPage(Page):
+    title = "Server"
+    hint = "The local OpenAI-compatible API. Editors and scripts use the base URL below."
+
+    def __init__(self, desk: Any) -> None:
+        super().__init__(desk)
+        grid = QGridLayout()
+        self.state = QLabel()
+        self.address = QLineEdit()
+        self.address.setReadOnly(True)
+        self.toggle = QPushButton()
+        self.toggle.clicked.connect(self.start_stop)
+        self.copy = QPushButton("Copy base URL")
+        self.copy.clicked.connect(self.copy_url)
+        self.lan = QCheckBox("Allow access from the local network (needs an API key)")
+        self.lan.setChecked(not auth.is_loopback(desk.runtime.settings.host))
+        self.lan.clicked.connect(self.set_lan)
+        grid.addWidget(QLabel("State"), 0, 0)
+        grid.addWidget(self.state, 0, 1, 1, 2)
+        grid.addWidget(self.toggle, 0, 3)
+        grid.addWidget(QLabel("Base URL"), 1, 0)
+        grid.addWidget(self.address, 1, 1, 1, 2)
+        grid.addWidget(self.copy, 1, 3)
+        grid.addWidget(self.lan, 2, 0, 1, 4)
+        grid.setColumnStretch(1, 1)
+        self.root.addLayout(grid)
+        self.root.addWidget(self.status)
+
+        tabs = QTabWidget()
+        self.snippet = QPlainTextEdit()
+        self.snippet.setReadOnly(True)
+        tabs.addTab(self.snippet, "Snippets")
+        kw = QWidget()
+        kl = QVBoxLayout(kw)
+        row = QHBoxLayout()
+        self.key_name = QLineEdit()
+        self.key_name.setPlaceholderText("Name for a new key, e.g. laptop-editor")
+        self.create_btn = QPushButton("Create key")
+        self.create_btn.clicked.connect(lambda: self.create_key(self.key_name.text()))
+        self.revoke_btn = QPushButton("Revoke selected")
+        self.revoke_btn.clicked.connect(self.revoke_selected)
+        row.addWidget(self.key_name, 1)
+        row.addWidget(self.create_btn)
+        row.addWidget(self.revoke_btn)
+        kl.addLayout(row)
+        self.new_key = QLineEdit()
+        self.new_key.setReadOnly(True)
+        self.new_key.setPlaceholderText("A new key shows here once; copy it to the client")
+        kl.addWidget(self.new_key)
+        self.keys = table(["Name", "Created", "Ends with", "In keyring"])
+        kl.addWidget(self.keys, 1)
+        tabs.addTab(kw, "API keys")
+        self.log = table(["Time", "Client", "Model", "Route", "Status", "Duration"], stretch=3)
+        tabs.addTab(self.log, "Request log")
+        self.tabs = tabs
+        self.root.addWidget(tabs, 1)
+        desk.bridge.event.connect(self._on_event)
+        self.refresh_state()
+        self.refresh_keys()
+
+    # ---- state ------------------------------------------------------------------------------------
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "server.state":
+            self.refresh_state()
+        elif kind == "request.done":
+            self._log(data)
+
+    def refresh_state(self) -> None:
+        srv = self.desk.server
+        if srv.running:
+            self.state.setText(f"<b style='color:#2e7d32'>Running</b> on {srv.url}")
+            self.toggle.setText("Stop server")
+        else:
+            why = f": {srv.error}" if srv.error else ""
+            self.state.setText(f"<b>Stopped</b>{why}")
+            self.toggle.setText("Start server")
+        self.state.setWordWrap(True)
+        base = f"{srv.url}/v1" if srv.url else ""
+        self.address.setText(base or "(not listening)")
+        self.copy.setEnabled(bool(base))
+        url = base or f"http://127.0.0.1:{self.desk.runtime.settings.port}/v1"
+        model = (self.desk.runtime.catalog.ids() or ["MODEL"])[0]
+        self.snippet.setPlainText(_snippets(url, model))
+
+    def start_stop(self) -> asyncio.Task[Any]:
+        srv = self.desk.server
+        self.clear_report()
+        return self.desk.spawn(srv.stop() if srv.running else srv.start(), disable=[self.toggle], report=self.report)
+
+    def copy_url(self) -> None:
+        if self.desk.server.url:
+            QGuiApplication.clipboard().setText(self.desk.server.url + "/v1")
+
+    def set_lan(self, on: bool) -> None:
+        """Refused without a key; saved to settings.json and applied when Switchyard next starts."""
+        self.clear_report()
+        store = KeyStore.at(self.desk.paths)
+        if on and not store:
+            self.lan.setChecked(False)
+            self.report("Create an API key first: anyone on the network could otherwise use your models.")
+            return
+        try:
+            _save_setting(self.desk.paths.settings_file, "host", "0.0.0.0" if on else "127.0.0.1")
+        except (OSError, SettingsError) as exc:
+            self.report(getattr(exc, "message", str(exc)))
+            return
+        self.desk.notify("Network access", "Saved; restart Switchyard (Quit, then open it) to apply.")
+
+    # ---- keys -------------------------------------------------------------------------------------
+    def refresh_keys(self) -> None:
+        entries = [k.public() for k in KeyStore.at(self.desk.paths).entries()]
+        self.keys.setRowCount(len(entries))
+        for i, k in enumerate(entries):
+            cells = [k["name"], str(k["created"])[:16].replace("T", " "), "…" + k["last4"],
+                     "yes" if k["in_keyring"] else "no (hash on disk only)"]  # fmt: skip
+            for j, c in enumerate(cells):
+                self.keys.setItem(i, j, QTableWidgetItem(c))
+
+    def create_key(self, name: str) -> str | None:
+        self.clear_report()
+        try:
+            made = KeyStore.at(self.desk.paths).create(name.strip())
+        except BadRequestError as exc:
+            self.report(exc.message)
+            return None
+        except Exception as exc:
+            self.report(getattr(exc, "message", str(exc)))
+            return None
+        value = made.secret.reveal()
+        self.new_key.setText(value)
+        self.key_name.clear()
+        self.refresh_keys()
+        if made.keyring_problem:
+            self.report(f"Copy the key now: {made.note()}")
+        return value
+
+    def revoke_selected(self) -> None:
+        rows = self.keys.selectionModel().selectedRows()
+        if not rows:
+            self.report("Select a key to revoke.")
+            return
+        item = self.keys.item(rows[0].row(), 0)
+        if item is not None:
+            self.revoke(item.text())
+
+    def revoke(self, name: str) -> None:
+        try:
+            KeyStore.at(self.desk.paths).revoke(name)
+        except Exception as exc:
+            self.report(getattr(exc, "message", str(exc)))
+        self.refresh_keys()
+
+    # ---- log --------------------------------------------------------------------------------------
+    def _log(self, d: dict[str, Any]) -> None:
+        self.log.insertRow(0)
+        cells = [time.strftime("%H:%M:%S"), str(d.get("client") or "local"), str(d.get("model") or "-"),
+                 str(d.get("route") or d.get("path") or "-"), str(d.get("status")),
+                 f"{float(d.get('seconds') or 0) * 1000:.0f} ms"]  # fmt: skip
+        for j, c in enumerate(cells):
+            self.log.setItem(0, j, QTableWidgetItem(c))
+        if self.log.rowCount() > LOG_ROWS:
+            self.log.removeRow(self.log.rowCount() - 1)
+
+
+def _snippets(url: str, model: str) -> str:
+    return f"""# Python, openai client
+from openai import OpenAI
+client = OpenAI(base_url="{url}", api_key="local")  # a key from the API keys tab if one is required
+reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}])
+print(reply.choices[0].message.content)
+
+# curl
+curl {url}/chat/completions -H 'Content-Type: application/json' \\
+  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
+
+# editors (Continue, Zed, Cursor…): an "OpenAI-compatible" provider with
+#   base URL  {url}
+#   model     {model}
+"""
+
+
+def _save_setting(path: Any, key: str, value: Any) -> None:
+    """Change one key of settings.json, keeping every other key; a malformed file is left untouched."""
+    from app.core.settings import settings_from_mapping
+
+    raw: dict[str, Any] = {}
+    if path.exists():
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise SettingsError(f"{path} is not valid JSON; fix it first (it was left untouched)") from exc
+    raw[key] = value
+    settings_from_mapping(raw, origin=str(path))  # refuse what the server would refuse
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(raw, indent=2), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,136 @@
+"""Settings: models folders, context/TTL/max lanes, Hugging Face token, mirror/proxy, start server with app.
+
+Saved into settings.json (other keys kept; checked the way the server checks them); the Runtime reads its
+settings at start, so changes apply on the next start, which the page says."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+)
+
+from app.core.errors import SettingsError
+from app.core.secrets import Secret
+from app.core.settings import load_settings, settings_from_mapping
+from app.ui.pages import Page
+
+
+class SettingsPage(Page):
+    title = "Settings"
+    hint = "Changes are saved to settings.json in the data folder and apply the next time Switchyard starts."
+
+    def __init__(self, desk: Any) -> None:
+        super().__init__(desk)
+        s = desk.runtime.settings
+        form = QFormLayout()
+        self.models_dirs = QLineEdit("; ".join(str(p) for p in s.models_dirs))
+        self.models_dirs.setPlaceholderText(f"{desk.paths.models} (default); separate several with ;")
+        self.ctx = QSpinBox()
+        self.ctx.setRange(0, 1 << 20)
+        self.ctx.setSpecialValueText("automatic")
+        self.ctx.setValue(s.ctx_size)
+        self.ttl = QDoubleSpinBox()
+        self.ttl.setRange(0, 7 * 86400)
+        self.ttl.setDecimals(0)
+        self.ttl.setSuffix(" s")
+        self.ttl.setSpecialValueText("never unload")
+        self.ttl.setValue(s.idle_ttl_s)
+        self.max_lanes = QSpinBox()
+        self.max_lanes.setRange(1, 16)
+        self.max_lanes.setValue(s.max_loaded_lanes)
+        self.endpoint = QLineEdit(s.hf_endpoint or "")
+        self.endpoint.setPlaceholderText("https://huggingface.co (default) or a mirror")
+        self.proxy = QLineEdit(s.hf_proxy or "")
+        self.proxy.setPlaceholderText("none, e.g. http://proxy:3128")
+        self.start_server = QCheckBox("Start the local API server when Switchyard opens")
+        self.start_server.setChecked(s.start_server_with_app)
+        form.addRow("Data folder", QLabel(str(desk.paths.home)))
+        form.addRow("Models folders", self.models_dirs)
+        form.addRow("Default context", self.ctx)
+        form.addRow("Unload idle models after", self.ttl)
+        form.addRow("Models loaded at once", self.max_lanes)
+        form.addRow("Hugging Face mirror", self.endpoint)
+        form.addRow("Proxy", self.proxy)
+        form.addRow("", self.start_server)
+        self.root.addLayout(form)
+        self.save_btn = QPushButton("Save settings")
+        self.save_btn.clicked.connect(self.save)
+        self.saved = QLabel("")
+        row = QHBoxLayout()
+        row.addWidget(self.save_btn)
+        row.addWidget(self.saved, 1)
+        self.root.addLayout(row)
+
+        self.root.addWidget(QLabel("<b>Hugging Face token</b> (for gated and private models; kept in the system keyring)"))
+        trow = QHBoxLayout()
+        self.token = QLineEdit()
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token.setPlaceholderText("hf_…  from huggingface.co/settings/tokens")
+        self.to_file = QCheckBox("No keyring here: keep it in a private file")
+        self.token_btn = QPushButton("Save token")
+        self.token_btn.clicked.connect(lambda: self.save_token())
+        trow.addWidget(self.token, 1)
+        trow.addWidget(self.to_file)
+        trow.addWidget(self.token_btn)
+        self.root.addLayout(trow)
+        found = desk.runtime.tokens.find().public()
+        self.token_state = QLabel(f"Token: {'set (' + str(found.get('source')) + ')' if found.get('set') else 'none'}")
+        self.root.addWidget(self.token_state)
+        self.root.addWidget(self.status)
+        self.root.addStretch(1)
+
+    def values(self) -> dict[str, Any]:
+        dirs = [d.strip() for d in self.models_dirs.text().split(";") if d.strip()]
+        return {
+            "models_dirs": dirs,
+            "ctx_size": self.ctx.value(),
+            "idle_ttl_s": float(self.ttl.value()),
+            "max_loaded_lanes": self.max_lanes.value(),
+            "hf_endpoint": self.endpoint.text().strip() or None,
+            "hf_proxy": self.proxy.text().strip() or None,
+            "start_server_with_app": self.start_server.isChecked(),
+        }
+
+    def save(self) -> bool:
+        """Merge into settings.json; a value the server would refuse is refused here, with its reason."""
+        self.clear_report()
+        path: Path = self.desk.paths.settings_file
+        try:
+            load_settings(path)  # a malformed file is reported, never overwritten
+            raw = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            raw.update(self.values())
+            settings_from_mapping(raw, origin="these settings")
+        except SettingsError as exc:
+            self.report(exc.message)
+            return False
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(raw, indent=2), encoding="utf-8")
+        tmp.replace(path)
+        self.saved.setText("Saved. Quit and reopen Switchyard to apply.")
+        return True
+
+    def save_token(self) -> asyncio.Task[Any]:
+        value = self.token.text().strip()
+
+        async def store() -> None:
+            if not value:
+                self.report("Paste a token first.")
+                return
+            where = await asyncio.to_thread(self.desk.runtime.tokens.set, Secret(value), to_file=self.to_file.isChecked())
+            self.token.clear()
+            self.clear_report()
+            self.token_state.setText(f"Token: saved ({getattr(where, 'where', where)})")
+
+        return self.desk.spawn(store(), disable=[self.token_btn], report=self.report)

@@ -1,0 +1,70 @@
+"""The tray icon: server state in the icon; Start/Stop, loaded models with Unload, Copy address, Quit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtGui import QAction, QGuiApplication
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from app.ui.icons import app_icon
+
+if TYPE_CHECKING:
+    from app.ui.desktop import Desktop
+
+
+class Tray(QSystemTrayIcon):
+    def __init__(self, desk: Desktop) -> None:
+        super().__init__(app_icon(running=False))
+        self.desk = desk
+        self.menu = QMenu()
+        self.setContextMenu(self.menu)
+        self.activated.connect(self._activated)
+        desk.bridge.event.connect(self._on_event)
+        self.rebuild()
+        if QSystemTrayIcon.isSystemTrayAvailable():
+            self.show()
+
+    def _on_event(self, kind: str, _data: Any) -> None:
+        if kind == "server.state" or kind.startswith("lane."):
+            self.rebuild()
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason in (QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick):
+            self.desk.bring_forward()
+
+    def rebuild(self) -> None:
+        srv = self.desk.server
+        self.setIcon(app_icon(running=srv.running))
+        self.setToolTip(f"Switchyard: {'serving at ' + str(srv.url) if srv.running else 'server stopped'}")
+        m = self.menu
+        m.clear()
+        state = m.addAction(f"Server running at {srv.url}" if srv.running else "Server stopped")
+        state.setEnabled(False)
+        if srv.running:
+            m.addAction("Stop server", lambda: self.desk.spawn(srv.stop()))
+            m.addAction("Copy address", self.copy_address)
+        else:
+            m.addAction("Start server", lambda: self.desk.spawn(srv.start(), report=self._report))
+        m.addSeparator()
+        loaded = [ln for ln in self.desk.runtime.supervisor.lanes.values() if str(ln.state) in ("ready", "starting")]
+        if loaded:
+            for lane in loaded:
+                sub = m.addMenu(f"{lane.model_id} ({lane.state})")
+                sub.addAction(
+                    "Unload", lambda mid=lane.model_id: self.desk.spawn(self.desk.runtime.supervisor.unload(mid))
+                )
+        else:
+            m.addAction("No model loaded").setEnabled(False)
+        m.addSeparator()
+        m.addAction("Open window", self.desk.bring_forward)
+        quit_action = QAction("Quit", m)
+        quit_action.triggered.connect(self.desk.quit)
+        m.addAction(quit_action)
+
+    def copy_address(self) -> None:
+        if self.desk.server.url:
+            QGuiApplication.clipboard().setText(self.desk.server.url + "/v1")
+
+    def _report(self, msg: str) -> None:
+        self.desk.notify("Server not started", msg, warn=True)

@@ -1,0 +1,144 @@
+"""The main window: a sidebar of pages, a status bar with the server's state, keyboard shortcuts."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QByteArray, QSize, Qt
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QStackedWidget,
+    QWidget,
+)
+
+from app.ui.icons import app_icon
+
+if TYPE_CHECKING:
+    from app.ui.desktop import Desktop
+
+PAGES = ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings")
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, desk: Desktop) -> None:
+        super().__init__()
+        from app.ui.pages.chat import ChatPage
+        from app.ui.pages.discover import DiscoverPage
+        from app.ui.pages.hardware import HardwarePage
+        from app.ui.pages.lanes import LanesPage
+        from app.ui.pages.library import LibraryPage
+        from app.ui.pages.server import ServerPage
+        from app.ui.pages.settings import SettingsPage
+
+        self.desk = desk
+        self.quitting = False
+        self.setWindowTitle("Switchyard")
+        self.setWindowIcon(app_icon(running=True))
+        self.sidebar = QListWidget()
+        self.sidebar.setFixedWidth(150)
+        self.sidebar.setIconSize(QSize(0, 0))
+        self.stack = QStackedWidget()
+        self.pages: dict[str, QWidget] = {}
+        makers = (DiscoverPage, LibraryPage, ChatPage, ServerPage, LanesPage, HardwarePage, SettingsPage)
+        for name, make in zip(PAGES, makers, strict=True):
+            page = make(desk)
+            self.pages[name] = page
+            self.stack.addWidget(page)
+            item = QListWidgetItem(name)
+            item.setSizeHint(QSize(140, 34))
+            self.sidebar.addItem(item)
+        self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
+        body = QWidget()
+        lay = QHBoxLayout(body)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(self.sidebar)
+        lay.addWidget(self.stack, 1)
+        self.setCentralWidget(body)
+        self.server_label = QLabel()
+        self.statusBar().addPermanentWidget(self.server_label)
+        desk.bridge.event.connect(self._on_event)
+        self._server_changed()
+        for i in range(len(PAGES)):
+            QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self, lambda i=i: self.show_page(PAGES[i]))
+        QShortcut(QKeySequence("Ctrl+Q"), self, desk.quit)
+        QShortcut(QKeySequence("Ctrl+W"), self, self.close)
+        QShortcut(QKeySequence("Ctrl+F"), self, self._find)
+        QShortcut(QKeySequence("Ctrl+N"), self, self._new_chat)
+
+    # ---- pages ------------------------------------------------------------------------------------
+    def show_page(self, name: str) -> QWidget:
+        self.sidebar.setCurrentRow(PAGES.index(name))
+        return self.pages[name]
+
+    def current_page(self) -> str:
+        return PAGES[max(self.sidebar.currentRow(), 0)]
+
+    def _find(self) -> None:
+        page = self.pages[self.current_page()]
+        focus = getattr(page, "focus_search", None)
+        if focus is None:
+            page = self.show_page("Discover")
+            focus = page.focus_search  # type: ignore[attr-defined]
+        focus()
+
+    def _new_chat(self) -> None:
+        self.show_page("Chat").new_conversation()  # type: ignore[attr-defined]
+
+    # ---- events -----------------------------------------------------------------------------------
+    def _on_event(self, kind: str, _data: Any) -> None:
+        if kind == "server.state":
+            self._server_changed()
+
+    def _server_changed(self) -> None:
+        srv = self.desk.server
+        if srv.running:
+            self.server_label.setText(f"Server running at {srv.url}")
+        elif srv.error:
+            self.server_label.setText(f"Server not running: {srv.error}")
+        else:
+            self.server_label.setText("Server stopped (start it on the Server page or from the tray)")
+
+    # ---- state ------------------------------------------------------------------------------------
+    def restore(self) -> None:
+        st = self.desk.state
+        geo = st.get("geometry")
+        if isinstance(geo, str):
+            self.restoreGeometry(QByteArray(base64.b64decode(geo)))
+        else:
+            self.resize(1180, 760)
+        last = st.get("page")
+        self.show_page(last if last in PAGES else "Discover")
+
+    def save_state(self) -> None:
+        st = self.desk.state
+        st.data["geometry"] = base64.b64encode(bytes(self.saveGeometry().data())).decode()
+        st.data["page"] = self.current_page()
+        st.save()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if self.quitting:
+            event.accept()
+            return
+        # closing keeps the app (and the local API) running; Quit is in the tray menu or Ctrl+Q
+        event.ignore()
+        self.save_state()
+        self.hide()
+        if not self.desk.state.get("closed_to_tray_noted"):
+            self.desk.state.set("closed_to_tray_noted", True)
+            where = "the tray icon" if self.desk.tray.isVisible() else "running `switchyard` again"
+            self.desk.notify(
+                "Switchyard is still running",
+                f"The server keeps answering. Open the window from {where}; Quit stops it.",
+            )
+
+    def keyPressEvent(self, event: Any) -> None:
+        if event.key() == Qt.Key.Key_Escape and self.isFullScreen():
+            self.showNormal()
+        super().keyPressEvent(event)

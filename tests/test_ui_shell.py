@@ -1,0 +1,93 @@
+"""The shell: a busy port is reported and never shown as started; a second launch brings the first window
+forward; the last page and geometry come back; Stop/Start from the tray menu."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+pytest.importorskip("PySide6")
+qasync = pytest.importorskip("qasync")
+
+from app.core.paths import Paths  # noqa: E402
+from app.core.settings import Settings  # noqa: E402
+
+
+@pytest.fixture
+def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
+    from app.ui.main import make_qapp
+
+    make_qapp()
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def test_busy_port_single_instance_state_and_tray(
+    qloop: asyncio.AbstractEventLoop, qapp: Any, tmp_path: Path, isolated_env: Path
+) -> None:
+    from app.ui.desktop import Desktop
+    from app.ui.single import forward_to_running
+
+    paths = Paths(home=isolated_env)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    busy = holder.getsockname()[1]
+
+    async def first() -> None:
+        settings = Settings(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+        async with Desktop(paths, settings, qapp=qapp) as desk:
+            assert not desk.server.running
+            assert f"port {busy}" in (desk.server.error or "") and "in use" in (desk.server.error or "")
+            assert "Server not running" in desk.window.server_label.text()
+            page = desk.window.show_page("Server")
+            assert "Stopped" in page.state.text() and page.toggle.text() == "Start server"
+            assert [a.text() for a in desk.tray.menu.actions()][:2] == ["Server stopped", "Start server"]
+            # a second launch: it finds this one and asks it to come forward
+            desk.window.hide()
+            assert forward_to_running(paths)
+            await _until(desk.window.isVisible)
+            desk.window.show_page("Lanes")
+            assert "No lanes yet" in page.desk.window.pages["Lanes"].empty.text()
+            desk.quit()
+            await desk.run()
+        assert not forward_to_running(paths, timeout_ms=200)  # gone with the window
+
+    async def second() -> None:
+        holder.close()
+        settings = Settings(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+        async with Desktop(paths, settings, qapp=qapp) as desk:
+            assert desk.window.current_page() == "Lanes"  # remembered
+            assert desk.server.running and desk.server.url == f"http://127.0.0.1:{busy}"
+            stop = next(a for a in desk.tray.menu.actions() if a.text() == "Stop server")
+            stop.trigger()
+            await desk.tasks.settle()
+            assert not desk.server.running and not paths.server_file.exists()
+            start = next(a for a in desk.tray.menu.actions() if a.text() == "Start server")
+            start.trigger()
+            await desk.tasks.settle()
+            assert desk.server.running and paths.server_file.exists()
+            desk.quit()
+            await desk.run()
+
+    qloop.run_until_complete(asyncio.wait_for(first(), 60))
+    qloop.run_until_complete(asyncio.wait_for(second(), 60))
+
+
+async def _until(check: Any, timeout: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
