@@ -282,14 +282,18 @@ def cmd_pull(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
 
 
 def _repo_of(target: str, paths: Paths, settings: Settings) -> str:
-    """owner/name as given, or the repository a library model's file lives in (in the HF cache)."""
-    if "/" in target:
-        return target
+    """The repository to update: the one a library model (`org/repo/file`, `org/repo:Q4_K_M`) was pulled
+    from, or `owner/name` as given."""
     from app import cli_library
+    from app.core.errors import ModelNotFoundError
 
     library, catalog = cli_library.open_catalog(settings, paths)
     try:
         path = catalog.get(target, allow_broken=True).path
+    except ModelNotFoundError:
+        if target.count("/") == 1 and ":" not in target:
+            return target
+        raise
     finally:
         library.close()
     for part in Path(path).parts:

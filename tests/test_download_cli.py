@@ -269,3 +269,44 @@ def test_ctrl_c_pauses_and_the_next_pull_continues(fake_hub: FakeHub, isolated_e
     assert r.returncode == 0, r.stderr
     assert min(range_starts(gets(fake_hub, BIG))) > 0
     assert not list((isolated_env / "downloads").glob("*.json"))  # finished jobs are not kept
+
+
+def test_update_by_model_id_and_rollback_from_the_cli(fake_hub: FakeHub, model_store: Path) -> None:
+    """No server running: `update MODEL` finds the repository from the library, fetches the new revision
+    beside the old one, and `--rollback` points refs/main back; `ls` follows refs/main both times."""
+    tiny = (model_store / "tiny.gguf").read_bytes()
+    fake_hub.add_repo("org/upd-GGUF", {"upd-Q8_0.gguf": tiny, "README.md": b"# one\n"})
+    old = fake_hub.repos["org/upd-GGUF"].head.sha
+    r = switchyard("pull", "org/upd-GGUF:Q8_0")
+    assert r.returncode == 0, r.stderr
+
+    def origin() -> dict[str, Any]:
+        listed = switchyard("ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        row = next(m for m in json.loads(listed.stdout)["models"] if m["id"] == "org/upd-GGUF/upd-Q8_0")
+        assert row["source"] == "download"
+        return dict(row["origin"])
+
+    assert origin()["commit"] == old
+    r = switchyard("update", "org/upd-GGUF/upd-Q8_0")
+    assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+
+    changed = (model_store / "tiny2.gguf").read_bytes()
+    new = fake_hub.commit("org/upd-GGUF", {"upd-Q8_0.gguf": changed})
+    fake_hub.reset_counters()
+    r = switchyard("update", "org/upd-GGUF/upd-Q8_0")
+    assert r.returncode == 0, r.stderr
+    assert f"{old[:12]} -> {new[:12]}" in r.stdout
+    assert set(fake_hub.served) == {"org/upd-GGUF/upd-Q8_0.gguf"}  # the unchanged README is not fetched
+    rd = cache_layout.repo_folder(cache_dir(), "org/upd-GGUF")
+    assert cache_layout.read_ref(rd, "main") == new and (rd / "snapshots" / old / "upd-Q8_0.gguf").exists()
+    assert origin()["commit"] == new
+    path = Path(
+        hf_hub_download("org/upd-GGUF", "upd-Q8_0.gguf", cache_dir=cache_dir(), local_files_only=True)
+    )
+    assert sha(path.read_bytes()) == sha(changed)
+
+    r = switchyard("update", "org/upd-GGUF", "--rollback")
+    assert r.returncode == 0, r.stderr
+    assert "back at" in r.stdout and cache_layout.read_ref(rd, "main") == old
+    assert origin()["commit"] == old
