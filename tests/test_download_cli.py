@@ -310,3 +310,34 @@ def test_update_by_model_id_and_rollback_from_the_cli(fake_hub: FakeHub, model_s
     assert r.returncode == 0, r.stderr
     assert "back at" in r.stdout and cache_layout.read_ref(rd, "main") == old
     assert origin()["commit"] == old
+
+
+def test_pull_on_a_terminal_redraws_progress_lines_in_place(fake_hub: FakeHub) -> None:
+    import pty
+
+    fake_hub.add_repo(REPO, {BIG: blob(3 * MIB, 77)})
+    fake_hub.faults.delay_per_chunk = 0.01  # ~48 chunks: long enough for several progress events
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "pull", f"{REPO}:Q4_K_M", "--local"],
+        cwd=SRC,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+    text = out.decode()
+    assert "\x1b[2K" in text and "\x1b[1F" in text  # cleared and redrawn in place
+    assert "MiB/s" in text and "ETA" in text
+    assert f"{BIG}  3.0/3.0 MiB  100.0%" in text and "verified" in text
