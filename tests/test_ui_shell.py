@@ -16,6 +16,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("PySide6")
 qasync = pytest.importorskip("qasync")
 
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtTest import QTest  # noqa: E402
+
 from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 
@@ -35,12 +38,18 @@ def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
 
 
 def test_busy_port_single_instance_state_and_tray(
-    qloop: asyncio.AbstractEventLoop, qapp: Any, tmp_path: Path, isolated_env: Path
+    qloop: asyncio.AbstractEventLoop,
+    qapp: Any,
+    tmp_path: Path,
+    isolated_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from app.ui.desktop import Desktop
     from app.ui.single import forward_to_running
 
     paths = Paths(home=isolated_env)
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -59,6 +68,15 @@ def test_busy_port_single_instance_state_and_tray(
             desk.window.hide()
             assert forward_to_running(paths)
             await _until(desk.window.isVisible)
+            # keyboard: Ctrl+3 is Chat, Ctrl+N a new conversation, Ctrl+F the search box of the page
+            desk.window.activateWindow()
+            QTest.keyClick(desk.window, Qt.Key.Key_3, Qt.KeyboardModifier.ControlModifier)
+            assert desk.window.current_page() == "Chat"
+            QTest.keyClick(desk.window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+            assert len(desk.chats.conversations()) == 1
+            QTest.keyClick(desk.window, Qt.Key.Key_1, Qt.KeyboardModifier.ControlModifier)
+            QTest.keyClick(desk.window, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+            assert desk.qapp.focusWidget() is desk.window.pages["Discover"].query
             desk.window.show_page("Lanes")
             assert "No lanes yet" in page.desk.window.pages["Lanes"].empty.text()
             desk.quit()
@@ -79,6 +97,35 @@ def test_busy_port_single_instance_state_and_tray(
             start.trigger()
             await desk.tasks.settle()
             assert desk.server.running and paths.server_file.exists()
+            # the port is editable: a busy one is reported and not shown as started; a free one works
+            page = desk.window.pages["Server"]
+            blocker = socket.socket()
+            blocker.bind(("127.0.0.1", 0))
+            blocker.listen()
+            taken = blocker.getsockname()[1]
+            page.apply_port(taken)
+            await desk.tasks.settle()
+            assert not desk.server.running and f"port {taken}" in page.status.text()
+            assert "Stopped" in page.state.text()
+            blocker.close()
+            page.apply_port(0)
+            await desk.tasks.settle()
+            assert desk.server.running and page.address.text().endswith("/v1")
+            assert '"port": 0' in paths.settings_file.read_text()
+            # start on login: the checkbox writes and removes the XDG autostart entry
+            settings_page = desk.window.pages["Settings"]
+            settings_page.login.click()
+            entry = xdg / "autostart" / "switchyard.desktop"
+            assert entry.exists() and "-m app gui" in entry.read_text()
+            settings_page.login.click()
+            assert not entry.exists()
+            # theme: dark now, kept in ui.json, and back to following the system
+            settings_page.theme.setCurrentText("dark")
+            assert qapp.palette().window().color().name() == "#2b2d30"
+            assert '"theme": "dark"' in (paths.home / "ui.json").read_text()
+            settings_page.theme.setCurrentText("light")
+            assert qapp.palette().window().color().name() != "#2b2d30"
+            settings_page.theme.setCurrentText("system")
             desk.quit()
             await desk.run()
 
@@ -86,8 +133,8 @@ def test_busy_port_single_instance_state_and_tray(
     qloop.run_until_complete(asyncio.wait_for(second(), 60))
 
 
-async def _until(check: Any, timeout: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def _until(check: Any, limit: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + limit
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)

@@ -78,7 +78,8 @@ class ChatStore:
     def create(self, title: str = "New chat", *, model: str | None = None, system_prompt: str = "") -> int:
         now = time.time()
         cur = self._db.execute(
-            "INSERT INTO conversations (title, model, system_prompt, created, updated) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO conversations (title, model, system_prompt, created, updated) "
+            "VALUES (?, ?, ?, ?, ?)",
             (_title(title), model, system_prompt, now, now),
         )
         return int(cur.lastrowid or 0)
@@ -130,7 +131,9 @@ class ChatStore:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # ---- messages ----------------------------------------------------------------------------------
-    def add(self, conversation_id: int, role: str, content: str, *, meta: dict[str, Any] | None = None) -> int:
+    def add(
+        self, conversation_id: int, role: str, content: str, *, meta: dict[str, Any] | None = None
+    ) -> int:
         if role not in ROLES:
             raise BadRequestError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         now = time.time()
@@ -160,7 +163,9 @@ class ChatStore:
 
     def truncate_after(self, conversation_id: int, message_id: int) -> None:
         """Drop every message after `message_id` (regenerate, edit and resend)."""
-        self._db.execute("DELETE FROM messages WHERE conversation = ? AND id > ?", (conversation_id, message_id))
+        self._db.execute(
+            "DELETE FROM messages WHERE conversation = ? AND id > ?", (conversation_id, message_id)
+        )
 
     def history(self, conversation_id: int) -> list[dict[str, str]]:
         """The OpenAI `messages` list: the system prompt, then user and assistant turns (errors left out)."""

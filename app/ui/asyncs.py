@@ -53,9 +53,9 @@ class Tasks:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def settle(self, timeout: float = 60) -> None:
+    async def settle(self, limit: float = 60) -> None:
         """Wait until no task is left (new ones started meanwhile included)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + limit
         while self._tasks:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:

@@ -1,4 +1,4 @@
-"""Core EventBus -> Qt signal. Widgets connect to `event` and never poll the core themselves."""
+"""Core EventBus -> Qt signal. Widgets connect to `received` and never poll the core themselves."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from app.core.events import EventBus
 
 
 class Bridge(QObject):
-    event = Signal(str, object)  # kind, data (a dict)
+    received = Signal(str, object)  # kind, data (a dict)
 
     def __init__(self, bus: EventBus) -> None:
         super().__init__()
@@ -29,7 +29,7 @@ class Bridge(QObject):
             self._ready.set()
             while True:
                 ev = await q.get()
-                self.event.emit(ev.kind, dict(ev.data))
+                self.received.emit(ev.kind, dict(ev.data))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -40,4 +40,4 @@ class Bridge(QObject):
 
     def emit_local(self, kind: str, **data: Any) -> None:
         """UI-only notices (not core events) travel the same way."""
-        self.event.emit(kind, data)
+        self.received.emit(kind, data)

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
@@ -25,10 +25,17 @@ from app.ui.server_ctl import ServerControl
 from app.ui.single import InstanceServer
 from app.ui.state import UiState
 
+if TYPE_CHECKING:
+    from app.ui.tray import Tray
+    from app.ui.window import MainWindow
+
 log = logging.getLogger("switchyard.ui")
 
 
 class Desktop:
+    window: MainWindow
+    tray: Tray
+
     def __init__(self, paths: Paths, settings: Settings, *, qapp: QApplication) -> None:
         self.paths = paths
         self.settings = settings
@@ -47,13 +54,11 @@ class Desktop:
         self.runtime = await asyncio.to_thread(Runtime, settings=self.settings, paths=self.paths)
         self.server = ServerControl(self.runtime, self.paths)
         await self.server.setup()
-        self.bridge = Bridge(self.runtime.bus)
-        await self.bridge.start()
-        self.hub = Hub(self.paths, self.runtime.settings, tokens=self.runtime.tokens)
-        self.chats = ChatStore(self.paths.home / "chat.db")
-        self.window = MainWindow(self)
-        self.tray = Tray(self)
-        self.instance = InstanceServer(self.paths, self.bring_forward)
+        try:
+            await self._build(MainWindow, Tray)
+        except BaseException:  # a window that cannot be built must not leave engines or the socket behind
+            await self.server.close()
+            raise
         if self.settings.start_server_with_app:
             with contextlib.suppress(SwitchyardError):  # the Server page and status bar show why
                 await self.server.start()
@@ -65,6 +70,20 @@ class Desktop:
         self.window.show()
         return self
 
+    async def _build(self, window_cls: Any, tray_cls: Any) -> None:
+        from app.ui import theme
+
+        self.bridge = Bridge(self.runtime.bus)
+        await self.bridge.start()
+        self.hub = Hub(self.paths, self.runtime.settings, tokens=self.runtime.tokens)
+        self.chats = ChatStore(self.paths.home / "chat.db")
+        self.theme = theme.apply(self.qapp)
+        self.theme.set(str(self.state.get("theme", "system")))
+        self.window = window_cls(self)
+        self.tray = tray_cls(self)
+        self.instance = InstanceServer(self.paths, self.bring_forward)
+        self.bridge.received.connect(self._on_event)
+
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
@@ -73,7 +92,7 @@ class Desktop:
         await self.bridge.stop()  # widgets get no more events while the Runtime shuts down
         self.tasks.cancel_all()
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await self.tasks.settle(timeout=5)
+            await self.tasks.settle(limit=5)
         self.instance.close()
         self.tray.hide()
         await self.server.close()  # stops every lane
@@ -92,6 +111,11 @@ class Desktop:
         self.window.showNormal()
         self.window.raise_()
         self.window.activateWindow()
+
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "lane.state" and data.get("state") == "failed":
+            reason = data.get("reason") or "see its log on the Lanes page"
+            self.notify(f"{data.get('model')} stopped", f"The engine failed: {reason}", warn=True)
 
     def notify(self, title: str, text: str, *, warn: bool = False) -> None:
         self.notices.append((title, text))

@@ -110,15 +110,21 @@ class ExplainView(QWidget):
             lay.addWidget(QLabel(f"<b>{dev}</b>: {size(used + d['total'])} of {size(cap)}"))
             lay.addWidget(MemoryBar(parts, cap))
             legend = "   ".join(
-                f"<span style='color:{c.name()}'>■</span> {label} {size(parts[k])}" for k, label, c in SEGMENTS
+                f"<span style='color:{c.name()}'>■</span> {label} {size(parts[k])}"
+                for k, label, c in SEGMENTS
             )
             lab = QLabel(legend)
             lab.setWordWrap(True)
             lay.addWidget(lab)
+        measured = _measured(doc)
+        if measured:
+            lay.addWidget(_html(measured))
         if plan.get("placements"):
             rows = []
             for p in plan["placements"]:
-                speed = f"~{p['tokens_per_s']:.0f} tok/s" if p.get("tokens_per_s") else p.get("speed_note", "")
+                speed = (
+                    f"~{p['tokens_per_s']:.0f} tok/s" if p.get("tokens_per_s") else p.get("speed_note", "")
+                )
                 mark = "fits" if p["fits"] else "does not fit"
                 rows.append(
                     f"<li><b>{p['name']}</b> ({p['gpu_layers']} GPU layers): {mark}; largest context "
@@ -134,6 +140,27 @@ class ExplainView(QWidget):
             rej = "".join(f"<li><b>{r['lane']}</b>: {r['message']}</li>" for r in n["rejections"])
             lay.addWidget(_html(f"<b>Lanes turned down</b><ul>{rej}</ul>"))
         lay.addStretch(1)
+
+
+def _measured(doc: dict[str, Any]) -> str | None:
+    """Predicted against measured memory, per device and component, for a loaded (or last loaded) lane."""
+    loaded = doc.get("loaded") or {}
+    title = "Loaded now: predicted / measured"
+    if not loaded.get("measured"):
+        loaded = doc.get("last_measured") or {}
+        title = "Last load: predicted / measured"
+    m = loaded.get("measured")
+    if not m:
+        return None
+    pred = {d["device"]: d for d in (loaded.get("predicted") or {}).get("devices", [])}
+    rows = []
+    for dev, comps in (m.get("devices") or {}).items():
+        p = pred.get(dev, {})
+        cells = ", ".join(f"{c} {size(p.get(c))} / {size(v)}" for c, v in comps.items() if c != "output")
+        rows.append(f"<li><b>{dev}</b>: {cells}</li>")
+    if m.get("rss_bytes"):
+        rows.append(f"<li>engine process: {size(m['rss_bytes'])} resident</li>")
+    return f"<b>{title}</b><ul>{''.join(rows)}</ul>"
 
 
 def _html(text: str) -> QLabel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from app.remote_fit import VERDICT_WORDS
 
@@ -46,12 +47,13 @@ def duration(s: float | None) -> str:
     return f"{s:.0f} s"
 
 
-def verdict(v: dict | None) -> str:  # type: ignore[type-arg]
+def verdict(v: dict[str, Any] | None) -> str:
     if not v:
         return "-"
     if v.get("verdict") is None:
         return "unknown"
     word = VERDICT_WORDS.get(v["verdict"], v["verdict"])
     if v.get("verdict") == "cpu" and v.get("tokens_per_s"):
-        word += f" (~{v['tokens_per_s']:.0f} tok/s)"
+        tps = float(v["tokens_per_s"])
+        word += f" (~{tps / 1000:.0f}k tok/s)" if tps >= 10_000 else f" (~{tps:.0f} tok/s)"
     return word

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.core.paths import Paths
@@ -31,7 +32,15 @@ async def gui_main(app: QApplication, paths: Paths, settings: Settings) -> int:
     from app.ui.desktop import Desktop
 
     async with Desktop(paths, settings, qapp=app) as desk:
+        # Ctrl-C in a terminal and SIGTERM at logout quit cleanly (every lane stopped). Python runs signal
+        # handlers only between bytecodes, so a timer wakes the interpreter while Qt sits idle.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: desk.quit())
+        wake = QTimer()
+        wake.timeout.connect(lambda: None)
+        wake.start(500)
         await desk.run()
+        wake.stop()
     return 0
 
 

@@ -37,6 +37,7 @@ class ServerControl:
         self._site: web.TCPSite | None = None
         self.url: str | None = None
         self.error: str | None = None
+        self.port: int | None = None  # chosen on the Server page; None: the settings' port
 
     @property
     def running(self) -> bool:
@@ -57,22 +58,23 @@ class ServerControl:
             )
             self._publish()
             raise SettingsError(self.error)
-        site = web.TCPSite(self.runner, s.host, s.port, reuse_address=False)
+        want = s.port if self.port is None else self.port
+        site = web.TCPSite(self.runner, s.host, want, reuse_address=False)
         try:
             await site.start()
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 self.error = (
-                    f"port {s.port} on {s.host} is already in use by {who_holds(s.port)}; stop it, or "
+                    f"port {want} on {s.host} is already in use by {who_holds(want)}; stop it, or "
                     "change the port on the Server page"
                 )
             else:
-                self.error = f"could not listen on {s.host}:{s.port}: {exc.strerror or exc}"
+                self.error = f"could not listen on {s.host}:{want}: {exc.strerror or exc}"
             self._publish()
             raise PortInUseError(self.error) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
-        port = int(sockets[0].getsockname()[1]) if sockets else s.port
+        port = int(sockets[0].getsockname()[1]) if sockets else want
         shown = f"[{s.host}]" if ":" in s.host else s.host
         dial = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(s.host, shown)
         self._site, self.url, self.error = site, f"http://{dial}:{port}", None

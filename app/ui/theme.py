@@ -31,13 +31,34 @@ def dark_palette() -> QPalette:
     return p
 
 
-def apply(app: QApplication) -> None:
-    app.setStyle("Fusion")
-    hints = QGuiApplication.styleHints()
+CHOICES = ("system", "light", "dark")
 
-    def update() -> None:
-        dark = hints.colorScheme() == Qt.ColorScheme.Dark
-        app.setPalette(dark_palette() if dark else app.style().standardPalette())
 
-    update()
-    hints.colorSchemeChanged.connect(lambda _=None: update())
+class Theme:
+    """The palette for a choice of system (follow the OS, live), light or dark."""
+
+    def __init__(self, app: QApplication) -> None:
+        self.app = app
+        self.choice = "system"
+        app.setStyle("Fusion")
+        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _=None: self.update())
+        self.update()
+
+    def set(self, choice: str) -> None:
+        self.choice = choice if choice in CHOICES else "system"
+        self.update()
+
+    def update(self) -> None:
+        if self.choice == "system":
+            dark = QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+        else:
+            dark = self.choice == "dark"
+        self.app.setPalette(dark_palette() if dark else self.app.style().standardPalette())
+
+
+def apply(app: QApplication) -> Theme:
+    theme = getattr(app, "_switchyard_theme", None)
+    if theme is None:
+        theme = Theme(app)
+        app._switchyard_theme = theme  # type: ignore[attr-defined]  # one per QApplication
+    return theme

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtGui import QAction, QGuiApplication
@@ -20,7 +21,7 @@ class Tray(QSystemTrayIcon):
         self.menu = QMenu()
         self.setContextMenu(self.menu)
         self.activated.connect(self._activated)
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.rebuild()
         if QSystemTrayIcon.isSystemTrayAvailable():
             self.show()
@@ -47,13 +48,13 @@ class Tray(QSystemTrayIcon):
         else:
             m.addAction("Start server", lambda: self.desk.spawn(srv.start(), report=self._report))
         m.addSeparator()
-        loaded = [ln for ln in self.desk.runtime.supervisor.lanes.values() if str(ln.state) in ("ready", "starting")]
+        loaded = [
+            ln for ln in self.desk.runtime.supervisor.lanes.values() if str(ln.state) in ("ready", "starting")
+        ]
         if loaded:
             for lane in loaded:
                 sub = m.addMenu(f"{lane.model_id} ({lane.state})")
-                sub.addAction(
-                    "Unload", lambda mid=lane.model_id: self.desk.spawn(self.desk.runtime.supervisor.unload(mid))
-                )
+                sub.addAction("Unload", functools.partial(self.unload, lane.model_id))
         else:
             m.addAction("No model loaded").setEnabled(False)
         m.addSeparator()
@@ -61,6 +62,9 @@ class Tray(QSystemTrayIcon):
         quit_action = QAction("Quit", m)
         quit_action.triggered.connect(self.desk.quit)
         m.addAction(quit_action)
+
+    def unload(self, model_id: str) -> None:
+        self.desk.spawn(self.desk.runtime.supervisor.unload(model_id))
 
     def copy_address(self) -> None:
         if self.desk.server.url:

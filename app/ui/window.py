@@ -63,7 +63,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(body)
         self.server_label = QLabel()
         self.statusBar().addPermanentWidget(self.server_label)
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self._server_changed()
         for i in range(len(PAGES)):
             QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self, lambda i=i: self.show_page(PAGES[i]))

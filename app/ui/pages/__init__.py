@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QVBoxLayout, QWidget
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ def table(headers: list[str], *, stretch: int = 0) -> QTableWidget:
     t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
     t.verticalHeader().setVisible(False)
     t.setAlternatingRowColors(True)
+    t.setWordWrap(False)  # one line per row; long names are elided in the middle, full text in the tooltip
+    t.setTextElideMode(Qt.TextElideMode.ElideMiddle)
     h = t.horizontalHeader()
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)

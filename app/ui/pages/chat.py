@@ -12,10 +12,12 @@ from typing import Any
 
 import aiohttp
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
+    QGridLayout,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -46,6 +48,7 @@ class ChatPage(Page):
         self.live: dict[str, Any] | None = None  # the reply being streamed
         split = QSplitter(Qt.Orientation.Horizontal)
         left = QWidget()
+        left.setMaximumWidth(340)
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
         self.search = QLineEdit()
@@ -54,8 +57,12 @@ class ChatPage(Page):
         self.list = QListWidget()
         self.list.currentItemChanged.connect(self._picked)
         row = QHBoxLayout()
-        for name, slot in (("New", self.new_conversation), ("Rename", self.rename_dialog),
-                           ("Delete", self.delete_current), ("Export", self.export_dialog)):  # fmt: skip
+        for name, slot in (
+            ("New", self.new_conversation),
+            ("Rename", self.rename_dialog),
+            ("Delete", self.delete_current),
+            ("Export", self.export_dialog),
+        ):
             b = QPushButton(name)
             b.clicked.connect(lambda _=False, s=slot: s())
             row.addWidget(b)
@@ -81,14 +88,30 @@ class ChatPage(Page):
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 32768)
         self.max_tokens.setValue(512)
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setValue(1.0)
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        self.seed.setValue(-1)
+        self.seed.setMinimumWidth(100)
         opts.addWidget(QLabel("Model"))
-        opts.addWidget(self.model)
-        opts.addWidget(self.system, 1)
-        opts.addWidget(QLabel("Temperature"))
-        opts.addWidget(self.temperature)
-        opts.addWidget(QLabel("Max tokens"))
-        opts.addWidget(self.max_tokens)
+        opts.addWidget(self.model, 1)
         rl.addLayout(opts)
+        rl.addWidget(self.system)
+        sampling = QHBoxLayout()
+        for label, w in (
+            ("Temperature", self.temperature),
+            ("Top-p", self.top_p),
+            ("Max tokens", self.max_tokens),
+            ("Seed", self.seed),
+        ):
+            sampling.addWidget(QLabel(label))
+            sampling.addWidget(w)
+        sampling.addStretch(1)
+        rl.addLayout(sampling)
         self.view = QTextBrowser()
         self.view.setOpenExternalLinks(True)
         rl.addWidget(self.view, 1)
@@ -107,16 +130,24 @@ class ChatPage(Page):
         self.stop_btn.setEnabled(False)
         self.regen_btn = QPushButton("Regenerate")
         self.regen_btn.clicked.connect(lambda: self.regenerate())
+        self.edit_btn = QPushButton("Edit last")
+        self.edit_btn.setToolTip("Put your last message back in the box; Send replaces it and what followed")
+        self.edit_btn.clicked.connect(self.edit_last)
+        self.copy_btn = QPushButton("Copy reply")
+        self.copy_btn.clicked.connect(self.copy_last_reply)
+        self.editing: int | None = None  # the user message Send will replace
         send_row.addWidget(self.input, 1)
-        col = QVBoxLayout()
-        for b in (self.send_btn, self.stop_btn, self.regen_btn):
-            col.addWidget(b)
-        send_row.addLayout(col)
+        buttons = QGridLayout()
+        for i, b in enumerate((self.send_btn, self.edit_btn, self.stop_btn, self.copy_btn, self.regen_btn)):
+            buttons.addWidget(b, i // 2, i % 2)
+        send_row.addLayout(buttons)
         rl.addLayout(send_row)
         split.addWidget(right)
-        split.setSizes([240, 820])
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 4)
+        split.setSizes([260, 900])
         self.root.addWidget(split, 1)
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.reload_models()
         self.reload_list()
 
@@ -148,7 +179,9 @@ class ChatPage(Page):
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
         if self.list.count() == 0:
-            self.view.setMarkdown("*No conversations yet.* Pick a model above, type a message and press Send.")
+            self.view.setMarkdown(
+                "*No conversations yet.* Pick a model above, type a message and press Send."
+            )
 
     def new_conversation(self, *, model: str | None = None) -> int:
         self.reload_models()
@@ -157,7 +190,7 @@ class ChatPage(Page):
         cid = self.store.create("New chat", model=self.model.currentData(), system_prompt=self.system.text())
         self.current = cid
         self.reload_list()
-        self.render()
+        self.show_messages()
         self.input.setFocus()
         return cid
 
@@ -179,15 +212,32 @@ class ChatPage(Page):
         self.system.setText(conv.system_prompt)
         self.temperature.setValue(float(conv.sampling.get("temperature", 0.7)))
         self.max_tokens.setValue(int(conv.sampling.get("max_tokens", 512)))
-        self.render()
+        self.top_p.setValue(float(conv.sampling.get("top_p", 1.0)))
+        self.seed.setValue(int(conv.sampling.get("seed", -1)))
+        self.show_messages()
 
     def _save_options(self) -> None:
         if self.current is not None:
-            self.store.configure(self.current, model=self.model.currentData(), system_prompt=self.system.text(),
-                                 sampling=self._sampling())  # fmt: skip
+            self.store.configure(
+                self.current,
+                model=self.model.currentData(),
+                system_prompt=self.system.text(),
+                sampling=self._sampling(),
+            )
 
     def _sampling(self) -> dict[str, Any]:
-        return {"temperature": round(self.temperature.value(), 2), "max_tokens": self.max_tokens.value()}
+        # keys the page has no control for (stop, ignore_eos, … set in chat.db) are kept
+        kept = self.store.get(self.current).sampling if self.current is not None else {}
+        out = {
+            **kept,
+            "temperature": round(self.temperature.value(), 2),
+            "top_p": round(self.top_p.value(), 2),
+            "max_tokens": self.max_tokens.value(),
+            "seed": self.seed.value(),
+        }
+        if out["seed"] < 0:  # random: leave it to the engine
+            del out["seed"]
+        return out
 
     def rename(self, cid: int, title: str) -> None:
         try:
@@ -213,8 +263,9 @@ class ChatPage(Page):
     def export_dialog(self) -> None:
         if self.current is None:
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / "chat.md"),
-                                              "Markdown (*.md);;JSON (*.json)")  # fmt: skip
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export conversation", str(Path.home() / "chat.md"), "Markdown (*.md);;JSON (*.json)"
+        )
         if path:
             self.export(self.current, Path(path))
 
@@ -223,7 +274,7 @@ class ChatPage(Page):
         path.write_text(text, encoding="utf-8")
 
     # ---- rendering --------------------------------------------------------------------------------
-    def render(self) -> None:
+    def show_messages(self) -> None:
         if self.current is None:
             return
         parts: list[str] = []
@@ -255,7 +306,12 @@ class ChatPage(Page):
         if not any(m.role == "user" for m in msgs):  # name the conversation after its first question
             self.store.rename(self.current, text[:60])
             self.reload_list()
-        self.store.add(self.current, "user", text)
+        if self.editing is not None:  # edit and resend: the old question and everything after it go
+            self.store.update(self.editing, content=text)
+            self.store.truncate_after(self.current, self.editing)
+            self.editing = None
+        else:
+            self.store.add(self.current, "user", text)
         self.input.clear()
         return self._start_stream(self.current)
 
@@ -268,6 +324,24 @@ class ChatPage(Page):
             return None
         self.store.truncate_after(self.current, users[-1].id)
         return self._start_stream(self.current)
+
+    def edit_last(self) -> None:
+        if self.current is None or self.stream_task is not None:
+            return
+        users = [m for m in self.store.messages(self.current) if m.role == "user"]
+        if users:
+            self.editing = users[-1].id
+            self.input.setPlainText(users[-1].content)
+            self.input.setFocus()
+
+    def copy_last_reply(self) -> str | None:
+        if self.current is None:
+            return None
+        replies = [m for m in self.store.messages(self.current) if m.role == "assistant" and m.content]
+        if not replies:
+            return None
+        QGuiApplication.clipboard().setText(replies[-1].content)
+        return replies[-1].content
 
     def stop(self) -> None:
         if self.stream_task is not None:
@@ -292,25 +366,35 @@ class ChatPage(Page):
         srv = self.desk.server
         if not conv.model:
             self.store.add(cid, "error", "No model chosen: pick one above (or download one on Discover).")
-            self.render()
+            self.show_messages()
             return
         if not srv.running or not srv.url:
-            self.store.add(cid, "error", "The local server is stopped: start it on the Server page or from "
-                           "the tray, then press Regenerate.")  # fmt: skip
-            self.render()
+            self.store.add(
+                cid,
+                "error",
+                "The local server is stopped: start it on the Server page or from "
+                "the tray, then press Regenerate.",
+            )
+            self.show_messages()
             return
-        body = {"model": conv.model, "messages": self.store.history(cid), "stream": True,
-                "stream_options": {"include_usage": True}, **conv.sampling}  # fmt: skip
+        body = {
+            "model": conv.model,
+            "messages": self.store.history(cid),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **conv.sampling,
+        }
         aid = self.store.add(cid, "assistant", "")
         self.live = {"id": aid, "text": "", "model": conv.model}
         lane = self.desk.runtime.supervisor.lanes.get(conv.model)
         if lane is None or str(lane.state) != "ready":
             self.phase.setText(f"Loading {conv.model}… the first reply waits for the model to start")
-        self.render()
+        self.show_messages()
         t0 = time.monotonic()
         ttft: float | None = None
         chunks, usage_tokens = 0, None
         last_paint = 0.0
+        context_used: int | None = None
         error: str | None = None
         stopped = False
         try:
@@ -329,6 +413,7 @@ class ChatPage(Page):
                             chunk = json.loads(data)
                             if chunk.get("usage"):
                                 usage_tokens = chunk["usage"].get("completion_tokens")
+                                context_used = chunk["usage"].get("total_tokens")
                             for ch in chunk.get("choices") or []:
                                 piece = (ch.get("delta") or {}).get("content")
                                 if piece:
@@ -339,7 +424,7 @@ class ChatPage(Page):
                                     self.live["text"] += piece
                                     now = time.monotonic()
                                     if now - last_paint > 0.05:  # redraw at most 20 times a second
-                                        self.render()
+                                        self.show_messages()
                                         last_paint = now
                             # let Qt run between chunks (Stop, typing, resizing stay live)
                             await asyncio.sleep(0)
@@ -351,27 +436,35 @@ class ChatPage(Page):
             took = time.monotonic() - t0
             tokens = usage_tokens or chunks
             gen_time = took - (ttft or 0)
-            meta = {"ttft_s": round(ttft, 3) if ttft is not None else None,
-                    "tokens": tokens, "tok_per_s": round(tokens / gen_time, 1) if tokens and gen_time > 0 else None,
-                    "stopped": stopped, "model": conv.model}  # fmt: skip
+            meta = {
+                "ttft_s": round(ttft, 3) if ttft is not None else None,
+                "tokens": tokens,
+                "tok_per_s": round(tokens / gen_time, 1) if tokens and gen_time > 0 else None,
+                "stopped": stopped,
+                "model": conv.model,
+                "context_used": context_used,
+                "context_size": _context_size(self.desk, conv.model),
+            }
             text = self.live["text"] if self.live else ""
             self.store.update(aid, content=text, meta=meta)
             self.live = None
             if error:
                 self.store.add(cid, "error", error)
-            self.render()
+            self.show_messages()
         if stopped:
             raise asyncio.CancelledError
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
-        if kind in ("download.completed", "library.changed"):
+        if kind == "library.refreshed":
             self.reload_models()
         if kind == "lane.state" and self.live is not None and data.get("model") == self.live.get("model"):
             state = data.get("state")
             if state == "starting":
                 self.phase.setText(f"Starting {data['model']}…")
             elif state == "failed":
-                self.phase.setText(f"{data['model']} failed to start: {data.get('reason') or 'see the Lanes page'}")
+                self.phase.setText(
+                    f"{data['model']} failed to start: {data.get('reason') or 'see the Lanes page'}"
+                )
             elif state == "ready":
                 self.phase.setText(f"{data['model']} is ready; waiting for the first token…")
 
@@ -382,9 +475,19 @@ def _stats(meta: dict[str, Any]) -> str:
         bits.append(f"first token {meta['ttft_s']:.2f} s")
     if meta.get("tok_per_s"):
         bits.append(f"{meta['tok_per_s']:.1f} tok/s")
+    if meta.get("context_used") and meta.get("context_size"):
+        bits.append(f"context {meta['context_used']} of {meta['context_size']} tokens")
     if meta.get("stopped"):
         bits.append("stopped")
     return f"*{' · '.join(bits)}*" if bits else ""
+
+
+def _context_size(desk: Any, model: str) -> int | None:
+    """One slot's context: what a single conversation can use on that lane."""
+    lane = desk.runtime.supervisor.lanes.get(model)
+    params = (lane.snapshot().get("params") or {}) if lane is not None else {}
+    total, slots = params.get("ctx_size"), params.get("parallel") or 1
+    return int(total) // int(slots) if total else None
 
 
 async def _error_text(resp: aiohttp.ClientResponse) -> str:

@@ -58,7 +58,9 @@ class DiscoverPage(Page):
             self.format.addItem(f, f)
         self.sort = QComboBox()
         for s in SORTS:
-            self.sort.addItem(f"most {s}" if s in ("downloads", "likes") else f"recently {s}" if s != "trending" else s, s)
+            self.sort.addItem(
+                f"most {s}" if s in ("downloads", "likes") else f"recently {s}" if s != "trending" else s, s
+            )
         self.search_btn = QPushButton("Search")
         self.search_btn.clicked.connect(self.search)
         bar.addWidget(self.query, 1)
@@ -69,7 +71,7 @@ class DiscoverPage(Page):
         self.root.addWidget(self.status)
 
         split = QSplitter(Qt.Orientation.Horizontal)
-        self.results = table(["Model", "Formats", "Downloads", "Likes", "Updated"])
+        self.results = table(["Model", "Downloads", "Likes", "Updated"])
         self.results.itemSelectionChanged.connect(self._picked)
         self.results_empty = QLabel("Type a few words and press Search. Results show here.")
         left = QWidget()
@@ -86,7 +88,7 @@ class DiscoverPage(Page):
         self.model_title.setWordWrap(True)
         self.model_meta = QLabel("")
         self.model_meta.setWordWrap(True)
-        self.quants = table(["Quantization", "Size", "Fit on this machine", "Max context", "", ""])
+        self.quants = table(["Quantization", "Size", "Fit on this machine", "Max ctx", "", ""], stretch=2)
         self.card = QTextBrowser()
         self.card.setOpenExternalLinks(True)
         rl.addWidget(self.model_title)
@@ -94,21 +96,32 @@ class DiscoverPage(Page):
         rl.addWidget(self.quants, 2)
         rl.addWidget(self.card, 3)
         split.addWidget(right)
-        split.setSizes([420, 640])
+        self.split = split
+        self._sized = False
         self.root.addWidget(split, 3)
 
         self.root.addWidget(QLabel("<b>Downloads</b>"))
         self.downloads = table(["Model", "Progress", "Rate", "ETA", "State", "", ""])
         self.downloads.setMaximumHeight(170)
+        self.downloads.horizontalHeader().setMinimumSectionSize(70)
         self.root.addWidget(self.downloads, 1)
         self._rows: dict[str, int] = {}
         self._jobs: dict[str, dict[str, Any]] = {}
+        self._widgets: dict[str, tuple[QProgressBar, QPushButton, QPushButton]] = {}
         self.detail: dict[str, Any] | None = None
+        self._opening: str | None = None
         self.dialogs: list[ExplainDialog] = []
         self.hits: list[dict[str, Any]] = []
         for job in desk.runtime.downloads.all_jobs():
             self._job_update(job.public())
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        if not self._sized:  # the model's page needs the room; a splitter only knows its size when shown
+            self._sized = True
+            width = max(self.split.width(), 800)
+            self.split.setSizes([int(width * 0.4), int(width * 0.6)])
 
     def focus_search(self) -> None:
         self.query.setFocus()
@@ -132,14 +145,14 @@ class DiscoverPage(Page):
         for i, h in enumerate(self.hits):
             cells = [
                 h["id"] + ("  (gated)" if h["gated"] else ""),
-                ", ".join(h["formats"]) or "-",
                 fmt.count(h["downloads"]),
                 fmt.count(h["likes"]),
                 (h["last_modified"] or "-")[:10],
             ]
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
-                if j in (2, 3):
+                item.setToolTip(f"{h['id']}: {', '.join(h['formats']) or 'format unknown'}")
+                if j in (1, 2):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.results.setItem(i, j, item)
         self.results_empty.setText(
@@ -157,12 +170,15 @@ class DiscoverPage(Page):
         return self.desk.spawn(self._open(repo), report=self.report)
 
     async def _open(self, repo: str) -> None:
+        self._opening = repo  # the newest pick wins; an older one still loading is dropped
         self.clear_report()
         self.model_title.setText(f"<h3 style='margin:0'>{repo}</h3><i>reading the repository…</i>")
         self.quants.setRowCount(0)
         rt = self.desk.runtime
         client = self.desk.hub.client()
         detail = await asyncio.to_thread(client.detail, repo)
+        if self._opening != repo:
+            return
         self._show_detail(detail.public(), checking=True)
         hw = await rt.hardware_with_bandwidth()
         await asyncio.to_thread(
@@ -174,15 +190,21 @@ class DiscoverPage(Page):
             pins=load_pins(rt.paths.pins_file),
             used=rt.supervisor.gpu_used(),
         )
-        self._show_detail(detail.public(), checking=False)
+        if self._opening == repo:
+            self._show_detail(detail.public(), checking=False)
 
     def _show_detail(self, doc: dict[str, Any], *, checking: bool) -> None:
         self.detail = doc
-        gated = {False: "not gated", None: "not gated", "auto": "gated (automatic approval)",
-                 "manual": "gated (manual approval)"}.get(doc["gated"], "gated")  # fmt: skip
+        gated = {
+            False: "not gated",
+            None: "not gated",
+            "auto": "gated (automatic approval)",
+            "manual": "gated (manual approval)",
+        }.get(doc["gated"], "gated")
         self.model_title.setText(f"<h3 style='margin:0'>{doc['id']}</h3>")
         self.model_meta.setText(
-            f"License: {doc['license'] or 'not stated'} · {gated} · {fmt.count(doc['downloads'])} downloads · "
+            f"License: {doc['license'] or 'not stated'} · {gated} · "
+            f"{fmt.count(doc['downloads'])} downloads · "
             f"{fmt.count(doc['likes'])} likes · updated {(doc['last_modified'] or '-')[:10]}"
         )
         self.card.setMarkdown(doc["card"] or f"*No model card: {doc.get('card_problem') or 'none'}*")
@@ -245,6 +267,11 @@ class DiscoverPage(Page):
     def _job_update(self, job: dict[str, Any]) -> None:
         jid = job["id"]
         merged = {**self._jobs.get(jid, {}), **job}
+        if "selector" not in merged:  # events carry progress; the job itself knows what was asked for
+            try:
+                merged["selector"] = self.desk.runtime.downloads.get(jid).selector
+            except Exception:  # forgotten meanwhile (cancelled): show it without
+                merged["selector"] = None
         self._jobs[jid] = merged
         if jid not in self._rows:
             row = self.downloads.rowCount()
@@ -252,6 +279,7 @@ class DiscoverPage(Page):
             self._rows[jid] = row
             bar = QProgressBar()
             bar.setRange(0, 1000)
+            bar.setMinimumWidth(200)
             self.downloads.setCellWidget(row, 1, bar)
             pause = QPushButton("Pause")
             pause.clicked.connect(lambda _=False, j=jid: self.pause_resume(j))
@@ -259,24 +287,27 @@ class DiscoverPage(Page):
             cancel.clicked.connect(lambda _=False, j=jid: self.cancel(j))
             self.downloads.setCellWidget(row, 5, pause)
             self.downloads.setCellWidget(row, 6, cancel)
+            self._widgets[jid] = (bar, pause, cancel)
         row = self._rows[jid]
         total, done = merged.get("bytes_total") or 0, merged.get("bytes_done") or 0
-        bar = self.downloads.cellWidget(row, 1)
-        bar.setValue(int(1000 * done / total) if total else 0)  # type: ignore[attr-defined]
-        bar.setFormat(f"{fmt.size(done)} of {fmt.size(total)}")  # type: ignore[attr-defined]
+        bar, pause, cancel = self._widgets[jid]
+        bar.setValue(int(1000 * done / total) if total else 0)
+        bar.setFormat(f"{fmt.size(done)} of {fmt.size(total)}")
         state = merged.get("state", "queued")
         active = state in ("queued", "running")
         rate = merged.get("rate_bps") or 0
         label = f"{merged['repo']}" + (f":{merged['selector']}" if merged.get("selector") else "")
         text_state = state if not merged.get("error") else f"{state}: {merged['error']}"
-        for j, c in ((0, label), (2, f"{fmt.size(rate)}/s" if active and rate else "-"),
-                     (3, fmt.duration(merged.get("eta_s")) if active else "-"), (4, text_state)):  # fmt: skip
+        for j, c in (
+            (0, label),
+            (2, f"{fmt.size(rate)}/s" if active and rate else "-"),
+            (3, fmt.duration(merged.get("eta_s")) if active else "-"),
+            (4, text_state),
+        ):
             item = QTableWidgetItem(c)
             item.setToolTip(c)
             self.downloads.setItem(row, j, item)
-        pause = self.downloads.cellWidget(row, 5)
-        cancel = self.downloads.cellWidget(row, 6)
-        pause.setText("Pause" if active else "Resume")  # type: ignore[attr-defined]
+        pause.setText("Pause" if active else "Resume")
         pause.setEnabled(state in ("queued", "running", "paused", "failed"))
         cancel.setEnabled(state not in ("completed", "cancelled"))
 

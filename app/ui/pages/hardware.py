@@ -47,12 +47,17 @@ class Graph(QWidget):
             y = r.bottom() - r.height() * frac
             p.drawLine(r.left(), int(y), r.right(), int(y))
         p.setPen(self.palette().text().color())
-        p.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-                   f"{self.title}  {self.caption}")  # fmt: skip
+        p.drawText(
+            self.rect().adjusted(2, 0, -2, 0),
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+            f"{self.title}  {self.caption}",
+        )
         if len(self.values) >= 2:
             step = r.width() / (HISTORY - 1)
             x0 = r.right() - step * (len(self.values) - 1)
-            pts = [QPointF(x0 + i * step, r.bottom() - r.height() * v / 100) for i, v in enumerate(self.values)]
+            pts = [
+                QPointF(x0 + i * step, r.bottom() - r.height() * v / 100) for i, v in enumerate(self.values)
+            ]
             p.setPen(QPen(self.color, 2))
             p.drawPolyline(QPolygonF(pts))
         elif not self.values:
@@ -82,7 +87,7 @@ class HardwarePage(Page):
         self.shares = QLabel()
         self.shares.setWordWrap(True)
         self.root.addWidget(self.shares)
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.show_snapshot()
 
     def show_snapshot(self) -> None:
@@ -94,11 +99,13 @@ class HardwarePage(Page):
         cpu = doc.get("cpu") or {}
         gpus = doc.get("gpus") or []
         lines = [
-            f"<b>CPU</b>: {cpu.get('model_name') or '?'} · {cpu.get('usable_cores') or cpu.get('cores') or '?'} cores usable",
+            f"<b>CPU</b>: {cpu.get('model_name') or '?'} · {cpu.get('usable_cores') or '?'} cores usable",
             f"<b>RAM</b>: {fmt.size((doc.get('memory') or {}).get('total') or doc.get('ram_total'))}",
         ]
         for g in gpus:
-            lines.append(f"<b>GPU</b>: {g.get('name', '?')} · {fmt.size(g.get('memory_total') or g.get('vram_total'))}")
+            lines.append(
+                f"<b>GPU</b>: {g.get('name', '?')} · {fmt.size(g.get('memory_total') or g.get('vram_total'))}"
+            )
         if not gpus:
             lines.append("<b>GPU</b>: none found; models run on the CPU")
         self.summary.setText("<br>".join(lines))
@@ -121,10 +128,15 @@ class HardwarePage(Page):
                 self.grid.addWidget(graph, n // 2, n % 2)
             mt = g.get("memory_total") or 0
             if mt:
-                graph.add(100 * (g.get("memory_used") or 0) / mt, f"{fmt.size(g.get('memory_used'))} of {fmt.size(mt)}")
+                graph.add(
+                    100 * (g.get("memory_used") or 0) / mt,
+                    f"{fmt.size(g.get('memory_used'))} of {fmt.size(mt)}",
+                )
         lanes = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
         parts = []
         for s in lanes:
-            m = s.get("measured") or {}
-            parts.append(f"{s['model']}: {fmt.size(m.get('rss_bytes')) if m.get('rss_bytes') else 'measuring'} RAM")
+            m: Any = s.get("measured") or {}
+            parts.append(
+                f"{s['model']}: {fmt.size(m.get('rss_bytes')) if m.get('rss_bytes') else 'measuring'} RAM"
+            )
         self.shares.setText("Loaded lanes: " + ("; ".join(parts) if parts else "none"))

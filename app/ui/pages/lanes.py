@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from PySide6.QtGui import QFont
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTableWidgetItem
 
 from app.lanes.installed import installed_lanes
@@ -15,11 +15,15 @@ from app.ui.pages import Page, table
 
 class LanesPage(Page):
     title = "Lanes"
-    hint = "Each loaded model runs in its own engine process (a lane). A lane starts when a model is first used."
+    hint = (
+        "Each loaded model runs in its own engine process (a lane). A lane starts when a model is first used."
+    )
 
     def __init__(self, desk: Any) -> None:
         super().__init__(desk)
-        self.table = table(["Model", "State", "Engine", "PID", "Port", "Memory", "Uptime", "Error"], stretch=7)
+        self.table = table(
+            ["Model", "State", "Engine", "PID", "Port", "Memory", "Uptime", "Error"], stretch=7
+        )
         self.table.itemSelectionChanged.connect(self.show_log)
         row = QHBoxLayout()
         self.restart_btn = QPushButton("Restart")
@@ -38,16 +42,20 @@ class LanesPage(Page):
         self.root.addWidget(QLabel("<b>Log of the selected lane</b>"))
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
-        self.log.setFont(QFont("monospace"))
+        self.log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.log.setPlaceholderText("Select a lane to see its engine's output.")
         self.root.addWidget(self.log, 1)
         try:
-            names = [f"{k} {v.version or ''}".strip() for k, v in installed_lanes(desk.runtime.settings).items() if v.installed]
+            names = [
+                f"{k} {v.version or ''}".strip()
+                for k, v in installed_lanes(desk.runtime.settings).items()
+                if v.installed
+            ]
         except Exception:  # a broken engine install must not break the page
             names = []
         self.engines.setText("Installed engines: " + (", ".join(names) or "none found"))
         self.ids: list[str] = []
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.refresh()
 
     def _on_event(self, kind: str, _data: Any) -> None:
@@ -64,15 +72,26 @@ class LanesPage(Page):
         self.ids = [str(s["id"]) for s in snaps]
         self.table.setRowCount(len(snaps))
         for i, s in enumerate(snaps):
-            measured = s.get("measured") or {}
+            measured: Any = s.get("measured") or {}
             mem = measured.get("rss_bytes") if isinstance(measured, dict) else None
-            up = time.time() - float(s["started_at"]) if s.get("started_at") and s["state"] == "ready" else None
-            cells = [s["model"], s["state"], str(s.get("runtime") or s.get("engine")), str(s.get("pid") or "-"),
-                     str(s.get("port") or "-"), fmt.size(mem) if mem else "-", fmt.duration(up),
-                     str(s.get("error") or "")]  # fmt: skip
+            up = (
+                time.time() - float(str(s["started_at"]))
+                if s.get("started_at") and s["state"] == "ready"
+                else None
+            )
+            cells = [
+                s["model"],
+                s["state"],
+                str(s.get("runtime") or s.get("engine")),
+                str(s.get("pid") or "-"),
+                str(s.get("port") or "-"),
+                fmt.size(mem) if mem else "-",
+                fmt.duration(up),
+                str(s.get("error") or ""),
+            ]
             for j, c in enumerate(cells):
-                item = QTableWidgetItem(c)
-                item.setToolTip(c)
+                item = QTableWidgetItem(str(c))
+                item.setToolTip(str(c))
                 self.table.setItem(i, j, item)
             if s["id"] == keep:
                 self.table.selectRow(i)
@@ -103,7 +122,9 @@ class LanesPage(Page):
     def stop(self) -> None:
         mid = self._model()
         if mid:
-            self.desk.spawn(self.desk.runtime.supervisor.unload(mid), disable=[self.stop_btn], report=self.report)
+            self.desk.spawn(
+                self.desk.runtime.supervisor.unload(mid), disable=[self.stop_btn], report=self.report
+            )
 
     def restart(self) -> None:
         mid = self._model()

@@ -8,8 +8,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -30,6 +30,7 @@ from app.library.remove import remove_model
 from app.ui import fmt
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
+from app.ui.pages.tune import TunePanel
 
 COLUMNS = ["Name", "Format", "Quant", "Size", "Fit", "Loaded", "Last used", "Origin"]
 LOADED = ("ready", "starting")
@@ -49,9 +50,15 @@ class LibraryPage(Page):
         self.buttons: dict[str, QPushButton] = {}
         bar.addWidget(self.filter, 1)
         for name, slot in (
-            ("Load", self.load), ("Unload", self.unload), ("Chat", self.chat), ("Explain", self.explain),
-            ("Delete", self.delete), ("Import…", self.import_dialog),
-        ):  # fmt: skip
+            ("Load", self.load),
+            ("Unload", self.unload),
+            ("Chat", self.chat),
+            ("Explain", self.explain),
+            ("Show in folder", self.show_in_folder),
+            ("Check for update", self.check_update),
+            ("Delete", self.delete),
+            ("Import…", self.import_dialog),
+        ):
             b = QPushButton(name)
             b.clicked.connect(lambda _=False, s=slot: s())
             bar.addWidget(b)
@@ -62,6 +69,9 @@ class LibraryPage(Page):
         self.table.setSortingEnabled(True)
         self.table.doubleClicked.connect(lambda _: self.chat())
         self.root.addWidget(self.table, 1)
+        self.tune = TunePanel(desk)
+        self.root.addWidget(self.tune)
+        self.table.itemSelectionChanged.connect(self._selection_changed)
         self.empty = QLabel(
             "No models yet. Find one on the Discover page, drop a .gguf file here, or press Import…"
         )
@@ -69,7 +79,7 @@ class LibraryPage(Page):
         self.root.addWidget(self.empty)
         self.rows: list[dict[str, Any]] = []
         self.dialogs: list[ExplainDialog] = []
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.refresh()
 
     def _on_event(self, kind: str, _data: Any) -> None:
@@ -94,10 +104,18 @@ class LibraryPage(Page):
                     continue
                 try:
                     entry = rt.catalog.get(d["id"], allow_broken=True)
-                    doc = explain(entry, settings=rt.settings, hardware=dataclasses.replace(hw, memory=read_memory()),
-                                  pins=pins, used=rt.supervisor.gpu_used(exclude=d["id"]))  # fmt: skip
+                    doc = explain(
+                        entry,
+                        settings=rt.settings,
+                        hardware=dataclasses.replace(hw, memory=read_memory()),
+                        pins=pins,
+                        used=rt.supervisor.gpu_used(exclude=d["id"]),
+                    )
                     fit = doc.get("fit") or {}
-                    v = {"verdict": fit.get("verdict"), "tokens_per_s": (fit.get("chosen") or {}).get("tokens_per_s")}
+                    v = {
+                        "verdict": fit.get("verdict"),
+                        "tokens_per_s": (fit.get("chosen") or {}).get("tokens_per_s"),
+                    }
                     d["fit_text"] = fmt.verdict(v) if fit else (doc.get("fit_problem") or "-")
                 except Exception as exc:  # one unreadable model must not hide the others
                     d["fit_text"] = f"unknown ({exc})"
@@ -112,10 +130,15 @@ class LibraryPage(Page):
             origin = d.get("origin") or {}
             size = int(d.get("size") or sum(int(f.get("size") or 0) for f in d.get("files") or []))
             cells = [
-                d["id"], d.get("format") or "-", d.get("quant") or _quant(d) or "-", fmt.size(size),
-                d["fit_text"], str(lane.state) if lane and str(lane.state) != "stopped" else "no",
-                fmt.ago(d.get("last_used_at")), origin.get("repo") or d.get("source") or "-",
-            ]  # fmt: skip
+                d["id"],
+                d.get("format") or "-",
+                d.get("quant") or _quant(d) or "-",
+                fmt.size(size),
+                d["fit_text"],
+                str(lane.state) if lane and str(lane.state) != "stopped" else "no",
+                fmt.ago(d.get("last_used_at")),
+                origin.get("repo") or d.get("source") or "-",
+            ]
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
                 item.setData(Qt.ItemDataRole.UserRole, d["id"])
@@ -125,12 +148,18 @@ class LibraryPage(Page):
         self.table.setSortingEnabled(True)
         self.empty.setVisible(not self.rows)
         self._apply_filter()
+        self.desk.bridge.emit_local("library.refreshed")  # Chat's model list follows
 
     def _apply_filter(self) -> None:
         text = self.filter.text().lower()
         for i in range(self.table.rowCount()):
             item = self.table.item(i, 0)
             self.table.setRowHidden(i, bool(text) and text not in (item.text().lower() if item else ""))
+
+    def _selection_changed(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        item = self.table.item(rows[0].row(), 0) if rows else None
+        self.tune.show_model(str(item.data(Qt.ItemDataRole.UserRole)) if item else None)
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
@@ -154,8 +183,9 @@ class LibraryPage(Page):
         if mid is None:
             return None
         self.clear_report()
-        return self.desk.spawn(self.desk.runtime.supervisor.load(mid), disable=[self.buttons["Load"]],
-                               report=self.report)  # fmt: skip
+        return self.desk.spawn(
+            self.desk.runtime.supervisor.load(mid), disable=[self.buttons["Load"]], report=self.report
+        )
 
     def unload(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
@@ -166,7 +196,8 @@ class LibraryPage(Page):
     def chat(self) -> None:
         mid = self.selected()
         if mid is not None:
-            self.desk.window.show_page("Chat").new_conversation(model=mid)
+            page = self.desk.window.show_page("Chat")
+            page.new_conversation(model=mid)  # type: ignore[attr-defined]
 
     def explain(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
@@ -180,14 +211,52 @@ class LibraryPage(Page):
         hw = await rt.hardware_with_bandwidth()
         lane = rt.supervisor.lanes.get(mid)
         doc = await asyncio.to_thread(
-            explain, entry, settings=rt.settings, hardware=dataclasses.replace(hw, memory=read_memory()),
-            pins=load_pins(rt.paths.pins_file), used=rt.supervisor.gpu_used(exclude=mid),
-            lane=lane.snapshot() if lane else None, recorded=rt.footprints.get(mid, path=entry.path),
-        )  # fmt: skip
+            explain,
+            entry,
+            settings=rt.settings,
+            hardware=dataclasses.replace(hw, memory=read_memory()),
+            pins=load_pins(rt.paths.pins_file),
+            used=rt.supervisor.gpu_used(exclude=mid),
+            lane=lane.snapshot() if lane else None,
+            recorded=rt.footprints.get(mid, path=entry.path),
+        )
         dlg = ExplainDialog(mid, doc, self)
         self.dialogs.append(dlg)
         dlg.show()
         return dlg
+
+    def check_update(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
+        """For a model from the hub: a newer commit is downloaded (see the Discover page's panel)."""
+        mid = model_id or self.selected()
+        if mid is None:
+            return None
+        return self.desk.spawn(
+            self._check_update(mid), disable=[self.buttons["Check for update"]], report=self.report
+        )
+
+    async def _check_update(self, mid: str) -> Any:
+        entry = self.desk.runtime.catalog.get(mid, allow_broken=True)
+        if entry.origin is None:
+            self.report(f"{mid} did not come from Hugging Face: there is nothing to check it against.")
+            return None
+        job = await self.desk.runtime.downloads.update(
+            entry.origin.repo, revision=entry.origin.revision or "main"
+        )
+        if job is None:
+            self.desk.notify("Up to date", f"{mid} is the newest commit of {entry.origin.repo}")
+        else:
+            self.desk.notify(
+                "Update found", f"{entry.origin.repo} {job.commit[:12]} is downloading (Discover)"
+            )
+        return job
+
+    def show_in_folder(self) -> None:
+        mid = self.selected()
+        if mid is None:
+            return
+        entry = self.desk.runtime.catalog.get(mid, allow_broken=True)
+        folder = entry.path if entry.path.is_dir() else entry.path.parent
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
 
     def delete(self, model_id: str | None = None, *, confirm: bool = True) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
@@ -199,7 +268,9 @@ class LibraryPage(Page):
             return None
         if confirm:
             # a plain slot, not a coroutine: the modal question runs before any await
-            answer = QMessageBox.question(self, "Delete model", f"Delete {mid} and its files from this machine?")
+            answer = QMessageBox.question(
+                self, "Delete model", f"Delete {mid} and its files from this machine?"
+            )
             if answer != QMessageBox.StandardButton.Yes:
                 return None
         return self.desk.spawn(self._delete(mid), report=self.report)
@@ -209,13 +280,16 @@ class LibraryPage(Page):
         lane = rt.supervisor.lanes.get(mid)
         if lane is not None and (str(lane.state) in LOADED or lane.in_flight > 0):
             raise ModelInUseError(f"{mid} is loaded ({lane.state}); unload it first, then delete it")
-        await asyncio.to_thread(remove_model, mid, catalog=rt.catalog, library=rt.library,
-                                imported_root=rt.paths.imported)  # fmt: skip
+        await asyncio.to_thread(
+            remove_model, mid, catalog=rt.catalog, library=rt.library, imported_root=rt.paths.imported
+        )
         self.desk.notify("Model deleted", mid)
         await self._refresh()
 
     def import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()), "Models (*.gguf);;All (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import a model", str(Path.home()), "Models (*.gguf);;All (*)"
+        )
         if path:
             self.import_path(Path(path))
 
@@ -225,8 +299,9 @@ class LibraryPage(Page):
     async def _import(self, path: Path) -> None:
         rt = self.desk.runtime
         self.clear_report()
-        entry = await asyncio.to_thread(import_model, path, catalog=rt.catalog, library=rt.library,
-                                        imported_root=rt.paths.imported)  # fmt: skip
+        entry = await asyncio.to_thread(
+            import_model, path, catalog=rt.catalog, library=rt.library, imported_root=rt.paths.imported
+        )
         self.desk.notify("Model imported", entry.id)
         await self._refresh()
 

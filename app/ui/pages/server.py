@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
     QGridLayout,
@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QSpinBox,
     QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
@@ -45,6 +46,13 @@ class ServerPage(Page):
         self.toggle.clicked.connect(self.start_stop)
         self.copy = QPushButton("Copy base URL")
         self.copy.clicked.connect(self.copy_url)
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setSpecialValueText("any free port")
+        self.port.setValue(desk.runtime.settings.port)
+        self.port.setMinimumWidth(140)
+        self.port_btn = QPushButton("Use this port")
+        self.port_btn.clicked.connect(lambda: self.apply_port(self.port.value()))
         self.lan = QCheckBox("Allow access from the local network (needs an API key)")
         self.lan.setChecked(not auth.is_loopback(desk.runtime.settings.host))
         self.lan.clicked.connect(self.set_lan)
@@ -54,7 +62,13 @@ class ServerPage(Page):
         grid.addWidget(QLabel("Base URL"), 1, 0)
         grid.addWidget(self.address, 1, 1, 1, 2)
         grid.addWidget(self.copy, 1, 3)
-        grid.addWidget(self.lan, 2, 0, 1, 4)
+        grid.addWidget(QLabel("Port"), 2, 0)
+        port_row = QHBoxLayout()
+        port_row.addWidget(self.port)
+        port_row.addWidget(self.port_btn)
+        port_row.addStretch(1)
+        grid.addLayout(port_row, 2, 1, 1, 3)
+        grid.addWidget(self.lan, 3, 0, 1, 4)
         grid.setColumnStretch(1, 1)
         self.root.addLayout(grid)
         self.root.addWidget(self.status)
@@ -62,6 +76,7 @@ class ServerPage(Page):
         tabs = QTabWidget()
         self.snippet = QPlainTextEdit()
         self.snippet.setReadOnly(True)
+        self.snippet.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         tabs.addTab(self.snippet, "Snippets")
         kw = QWidget()
         kl = QVBoxLayout(kw)
@@ -87,7 +102,7 @@ class ServerPage(Page):
         tabs.addTab(self.log, "Request log")
         self.tabs = tabs
         self.root.addWidget(tabs, 1)
-        desk.bridge.event.connect(self._on_event)
+        desk.bridge.received.connect(self._on_event)
         self.refresh_state()
         self.refresh_keys()
 
@@ -118,7 +133,25 @@ class ServerPage(Page):
     def start_stop(self) -> asyncio.Task[Any]:
         srv = self.desk.server
         self.clear_report()
-        return self.desk.spawn(srv.stop() if srv.running else srv.start(), disable=[self.toggle], report=self.report)
+        return self.desk.spawn(
+            srv.stop() if srv.running else srv.start(), disable=[self.toggle], report=self.report
+        )
+
+    def apply_port(self, port: int) -> asyncio.Task[Any]:
+        """Listen on `port` now (a busy one is reported and the server stays stopped) and remember it."""
+        srv = self.desk.server
+        self.clear_report()
+
+        async def move() -> None:
+            await srv.stop()
+            srv.port = port
+            try:
+                _save_setting(self.desk.paths.settings_file, "port", port)
+            except (OSError, SettingsError) as exc:
+                self.report(getattr(exc, "message", str(exc)))
+            await srv.start()
+
+        return self.desk.spawn(move(), disable=[self.port_btn, self.toggle], report=self.report)
 
     def copy_url(self) -> None:
         if self.desk.server.url:
@@ -144,8 +177,12 @@ class ServerPage(Page):
         entries = [k.public() for k in KeyStore.at(self.desk.paths).entries()]
         self.keys.setRowCount(len(entries))
         for i, k in enumerate(entries):
-            cells = [k["name"], str(k["created"])[:16].replace("T", " "), "…" + k["last4"],
-                     "yes" if k["in_keyring"] else "no (hash on disk only)"]  # fmt: skip
+            cells = [
+                k["name"],
+                str(k["created"])[:16].replace("T", " "),
+                "…" + k["last4"],
+                "yes" if k["in_keyring"] else "no (hash on disk only)",
+            ]
             for j, c in enumerate(cells):
                 self.keys.setItem(i, j, QTableWidgetItem(c))
 
@@ -186,9 +223,14 @@ class ServerPage(Page):
     # ---- log --------------------------------------------------------------------------------------
     def _log(self, d: dict[str, Any]) -> None:
         self.log.insertRow(0)
-        cells = [time.strftime("%H:%M:%S"), str(d.get("client") or "local"), str(d.get("model") or "-"),
-                 str(d.get("route") or d.get("path") or "-"), str(d.get("status")),
-                 f"{float(d.get('seconds') or 0) * 1000:.0f} ms"]  # fmt: skip
+        cells = [
+            time.strftime("%H:%M:%S"),
+            str(d.get("client") or "local"),
+            str(d.get("model") or "-"),
+            str(d.get("route") or d.get("path") or "-"),
+            str(d.get("status")),
+            f"{float(d.get('seconds') or 0) * 1000:.0f} ms",
+        ]
         for j, c in enumerate(cells):
             self.log.setItem(0, j, QTableWidgetItem(c))
         if self.log.rowCount() > LOG_ROWS:
@@ -206,9 +248,18 @@ print(reply.choices[0].message.content)
 curl {url}/chat/completions -H 'Content-Type: application/json' \\
   -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
-# editors (Continue, Zed, Cursor…): an "OpenAI-compatible" provider with
-#   base URL  {url}
-#   model     {model}
+# editors: an "OpenAI-compatible" provider with base URL {url} and model {model}
+# Continue (~/.continue/config.yaml):
+models:
+  - name: {model} (Switchyard)
+    provider: openai
+    model: {model}
+    apiBase: {url}
+    apiKey: local   # or a key from the API keys tab
+
+# Zed (settings.json):
+"language_models": {{"openai": {{"api_url": "{url}",
+  "available_models": [{{"name": "{model}", "max_tokens": 8192}}]}}}}
 """
 
 

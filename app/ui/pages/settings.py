@@ -12,6 +12,7 @@ from typing import Any
 
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
 from app.core.errors import SettingsError
 from app.core.secrets import Secret
 from app.core.settings import load_settings, settings_from_mapping
+from app.ui import autostart
 from app.ui.pages import Page
 
 
@@ -56,6 +58,12 @@ class SettingsPage(Page):
         self.proxy.setPlaceholderText("none, e.g. http://proxy:3128")
         self.start_server = QCheckBox("Start the local API server when Switchyard opens")
         self.start_server.setChecked(s.start_server_with_app)
+        self.login = QCheckBox("Start Switchyard when I log in")
+        self.login.setChecked(autostart.enabled())
+        self.login.clicked.connect(self.set_login)
+        for spin in (self.ctx, self.ttl, self.max_lanes):
+            spin.setMinimumWidth(180)
+            spin.setMaximumWidth(220)
         form.addRow("Data folder", QLabel(str(desk.paths.home)))
         form.addRow("Models folders", self.models_dirs)
         form.addRow("Default context", self.ctx)
@@ -63,7 +71,14 @@ class SettingsPage(Page):
         form.addRow("Models loaded at once", self.max_lanes)
         form.addRow("Hugging Face mirror", self.endpoint)
         form.addRow("Proxy", self.proxy)
+        self.theme = QComboBox()
+        self.theme.addItems(["system", "light", "dark"])
+        self.theme.setCurrentText(str(desk.state.get("theme", "system")))
+        self.theme.currentTextChanged.connect(self.set_theme)
+        self.theme.setMaximumWidth(220)
+        form.addRow("Theme", self.theme)
         form.addRow("", self.start_server)
+        form.addRow("", self.login)
         self.root.addLayout(form)
         self.save_btn = QPushButton("Save settings")
         self.save_btn.clicked.connect(self.save)
@@ -73,7 +88,9 @@ class SettingsPage(Page):
         row.addWidget(self.saved, 1)
         self.root.addLayout(row)
 
-        self.root.addWidget(QLabel("<b>Hugging Face token</b> (for gated and private models; kept in the system keyring)"))
+        self.root.addWidget(
+            QLabel("<b>Hugging Face token</b> (for gated and private models; kept in the system keyring)")
+        )
         trow = QHBoxLayout()
         self.token = QLineEdit()
         self.token.setEchoMode(QLineEdit.EchoMode.Password)
@@ -86,7 +103,9 @@ class SettingsPage(Page):
         trow.addWidget(self.token_btn)
         self.root.addLayout(trow)
         found = desk.runtime.tokens.find().public()
-        self.token_state = QLabel(f"Token: {'set (' + str(found.get('source')) + ')' if found.get('set') else 'none'}")
+        self.token_state = QLabel(
+            f"Token: {'set (' + str(found.get('source')) + ')' if found.get('set') else 'none'}"
+        )
         self.root.addWidget(self.token_state)
         self.root.addWidget(self.status)
         self.root.addStretch(1)
@@ -121,6 +140,23 @@ class SettingsPage(Page):
         self.saved.setText("Saved. Quit and reopen Switchyard to apply.")
         return True
 
+    def set_theme(self, choice: str) -> None:
+        """Applies at once; kept in ui.json."""
+        self.desk.theme.set(choice)
+        self.desk.state.set("theme", choice)
+
+    def set_login(self, on: bool) -> None:
+        """Applies at once (the login entry is the setting)."""
+        try:
+            where = autostart.set_enabled(on)
+        except OSError as exc:
+            self.login.setChecked(autostart.enabled())
+            self.report(f"Could not change the login entry: {exc}")
+            return
+        self.saved.setText(
+            ("Starts on login" if on else "No longer starts on login") + (f" ({where})" if where else "")
+        )
+
     def save_token(self) -> asyncio.Task[Any]:
         value = self.token.text().strip()
 
@@ -128,7 +164,9 @@ class SettingsPage(Page):
             if not value:
                 self.report("Paste a token first.")
                 return
-            where = await asyncio.to_thread(self.desk.runtime.tokens.set, Secret(value), to_file=self.to_file.isChecked())
+            where = await asyncio.to_thread(
+                self.desk.runtime.tokens.set, Secret(value), to_file=self.to_file.isChecked()
+            )
             self.token.clear()
             self.clear_report()
             self.token_state.setText(f"Token: saved ({getattr(where, 'where', where)})")

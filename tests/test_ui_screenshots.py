@@ -1,0 +1,152 @@
+"""Each page rendered with real data on a real X server (Xvfb) with a tray host (trayer), saved as PNG;
+the tray icon must be available and shown. SWITCHYARD_SCREENSHOT_DIR=docs/screenshots refreshes the docs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import link_models
+from tests.fakehub import FakeHub
+from tests.tinymodels import CHAT, write_tiny_gguf
+
+REPO = Path(__file__).resolve().parent.parent
+HUB_REPO = "acme/Tiny-Assistant-1B-GGUF"
+CARD = """---
+license: apache-2.0
+---
+# Tiny Assistant 1B (GGUF)
+
+A small chat model in GGUF format, quantized several ways. Pick the largest that fits.
+
+| Quantization | Use |
+|---|---|
+| Q4_K_M | most machines |
+| Q8_0 | best quality |
+
+```python
+from openai import OpenAI
+```
+"""
+
+
+def _free_display() -> int:
+    for n in range(91, 200):
+        if not Path(f"/tmp/.X{n}-lock").exists() and not Path(f"/tmp/.X11-unix/X{n}").exists():
+            return n
+    raise RuntimeError("no free X display number")
+
+
+@pytest.fixture
+def xserver() -> Iterator[str]:
+    missing = [t for t in ("Xvfb", "trayer", "import") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (make debian-deps installs them)")
+    pytest.importorskip("PySide6")
+    n = _free_display()
+    display = f":{n}"
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
+    procs = [xvfb]
+    try:
+        deadline = time.monotonic() + 15
+        while not Path(f"/tmp/.X11-unix/X{n}").exists():
+            assert xvfb.poll() is None and time.monotonic() < deadline, "Xvfb did not start"
+            time.sleep(0.05)
+        env = dict(os.environ, DISPLAY=display)
+        procs.append(
+            subprocess.Popen(
+                [
+                    "trayer",
+                    "--edge",
+                    "top",
+                    "--align",
+                    "right",
+                    "--widthtype",
+                    "request",
+                    "--height",
+                    "28",
+                    "--transparent",
+                    "false",
+                    "--tint",
+                    "0x303030",
+                    "--SetDockType",
+                    "true",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        time.sleep(0.5)
+        yield display
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_every_page_rendered_and_tray_icon_shown(
+    xserver: str, tmp_path: Path, fake_hub: FakeHub, isolated_env: Path, model_store: Path
+) -> None:
+    gguf = write_tiny_gguf(tmp_path / "src" / "tiny.gguf", CHAT)
+    fake_hub.add_repo(
+        HUB_REPO,
+        {
+            "README.md": CARD.encode(),
+            "tiny-assistant-1b-Q4_K_M.gguf": gguf,
+            "tiny-assistant-1b-Q8_0.gguf": gguf,
+        },
+        tags=["gguf", "text-generation"],
+        downloads=48213,
+        likes=312,
+    )
+    fake_hub.add_repo("acme/Tiny-Embed-GGUF", {"tiny-embed-Q8_0.gguf": gguf}, tags=["gguf"], downloads=920)
+    models = tmp_path / "models"
+    link_models(models, model_store / "tiny.gguf")
+    (models / "tiny.gguf").rename(models / "tiny-assistant.gguf")
+    out = Path(os.environ.get("SWITCHYARD_SCREENSHOT_DIR") or tmp_path / "shots")
+    if not out.is_absolute():
+        out = REPO / out
+    env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
+    env.update(DISPLAY=xserver, QT_QPA_PLATFORM="xcb")
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.ui_screens", str(out), str(models), HUB_REPO],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    assert result == {"tray_available": True, "tray_visible": True}
+    pages = (
+        "discover",
+        "why",
+        "library",
+        "chat",
+        "server",
+        "server-keys",
+        "server-log",
+        "lanes",
+        "hardware",
+        "settings",
+        "library-dark",
+        "screen",
+    )
+    for name in pages:
+        png = out / f"{name}.png"
+        assert png.stat().st_size > 5000, name  # a real picture, not an empty grab
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
