@@ -20,6 +20,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytest.importorskip("PySide6")
 qasync = pytest.importorskip("qasync")
 
+from PySide6.QtCore import QUrl  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from app.core.paths import Paths  # noqa: E402
@@ -220,6 +222,15 @@ def test_discover_download_chat_keys_tray_quit(
             assert after[-1].meta["context_size"] and after[-1].meta["context_used"] > 0
             assert "context" in chat.view.toPlainText()
             assert chat.copy_last_reply() == after[-1].content
+            # a code block in a reply gets its own Copy link
+            reply = "Try:\n\n```python\nprint('hi')\n```\n\nor\n\n```\nls -l\n```\n"
+            desk.chats.add(cid, "assistant", reply)
+            chat.open(cid)
+            assert chat.view.toPlainText().count("Copy code") == 2
+            chat.view.anchorClicked.emit(QUrl("copy:1"))
+            assert QGuiApplication.clipboard().text() == "ls -l"
+            assert chat.copy_code(0) == "print('hi')" and chat.copy_code(7) is None
+            desk.chats.truncate_after(cid, after[-1].id)
             # edit the last question and resend: it is replaced, the old reply goes
             chat.edit_last()
             assert chat.input.toPlainText() == "and a long one"

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -113,7 +114,10 @@ class ChatPage(Page):
         sampling.addStretch(1)
         rl.addLayout(sampling)
         self.view = QTextBrowser()
-        self.view.setOpenExternalLinks(True)
+        # links are ours to follow: `copy:N` copies code block N of the shown conversation
+        self.view.setOpenLinks(False)
+        self.view.anchorClicked.connect(self._link)
+        self.code_blocks: list[str] = []
         rl.addWidget(self.view, 1)
         self.phase = QLabel("")
         rl.addWidget(self.phase)
@@ -278,6 +282,7 @@ class ChatPage(Page):
         if self.current is None:
             return
         parts: list[str] = []
+        self.code_blocks = []
         for m in self.store.messages(self.current):
             content = m.content
             meta = m.meta
@@ -286,7 +291,8 @@ class ChatPage(Page):
             if m.role == "user":
                 parts.append(f"**You**\n\n{content}\n")
             elif m.role == "assistant":
-                parts.append(f"**Assistant**\n\n{content or '…'}\n\n{_stats(meta)}\n")
+                body = with_copy_links(content or "…", self.code_blocks)
+                parts.append(f"**Assistant**\n\n{body}\n\n{_stats(meta)}\n")
             elif m.role == "error":
                 parts.append(f"> **Error:** {html.escape(content)}\n")
         self.view.setMarkdown("\n---\n".join(parts) or "*Type a message below and press Send.*")
@@ -333,6 +339,20 @@ class ChatPage(Page):
             self.editing = users[-1].id
             self.input.setPlainText(users[-1].content)
             self.input.setFocus()
+
+    def _link(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            self.copy_code(int(url.path()) if url.path().isdigit() else -1)
+        elif url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)  # a link in a model card or a reply: the user's browser
+
+    def copy_code(self, index: int) -> str | None:
+        """Copies code block `index` of the shown conversation (the `Copy code` link under it)."""
+        if not 0 <= index < len(self.code_blocks):
+            return None
+        QGuiApplication.clipboard().setText(self.code_blocks[index])
+        self.status.setText("Code copied")
+        return self.code_blocks[index]
 
     def copy_last_reply(self) -> str | None:
         if self.current is None:
@@ -467,6 +487,20 @@ class ChatPage(Page):
                 )
             elif state == "ready":
                 self.phase.setText(f"{data['model']} is ready; waiting for the first token…")
+
+
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+def with_copy_links(markdown: str, blocks: list[str]) -> str:
+    """The reply with a `Copy code` link after each fenced code block; the code is appended to `blocks`
+    and the link's target `copy:N` is its index there. An unclosed fence (mid-stream) gets no link yet."""
+
+    def link(m: re.Match[str]) -> str:
+        blocks.append(m.group(1).rstrip("\n"))
+        return f"{m.group(0)}\n\n[Copy code](copy:{len(blocks) - 1})\n"
+
+    return _FENCE.sub(link, markdown)
 
 
 def _stats(meta: dict[str, Any]) -> str:
