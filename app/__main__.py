@@ -302,14 +302,24 @@ def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _has_display() -> bool:
+    import os
+
+    if sys.platform in ("win32", "darwin") or os.environ.get("QT_QPA_PLATFORM"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def cmd_gui(args: argparse.Namespace, paths: Paths) -> int:
+    why = None
     try:
-        from app.ui.main import run_gui  # type: ignore[import-not-found]
+        from app.ui.main import run_gui  # app/ui: the only package that imports Qt (docs/desktop.md)
     except ImportError:
-        print(
-            "the desktop window is not available in this build; running headless: `switchyard serve`",
-            file=sys.stderr,
-        )
+        why = "the desktop window is not installed (pip install 'switchyard[gui]')"
+    if why is None and not _has_display():
+        why = "no display (DISPLAY/WAYLAND_DISPLAY unset)"
+    if why is not None:
+        print(f"{why}; running headless: `switchyard serve`", file=sys.stderr)
         ns = _parser().parse_args(["serve"])
         return cmd_serve(ns, paths)
     return int(run_gui(paths))

@@ -154,7 +154,7 @@ class LibraryError(SwitchyardError):
 
 
 class NoLaneForFormatError(ModelBrokenError):
-    """The model is in the library, but no lane can run its format yet (only GGUF on llama.cpp today)."""
+    """The model is in the library, but no lane can run its format yet (app.library.model.LANE_FORMATS)."""
 
     code = "no_lane_for_format"
 

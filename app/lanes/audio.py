@@ -55,7 +55,8 @@ def read_wav(data: bytes) -> tuple[np.ndarray, int]:
         samples = ints.astype(np.float32) / float(1 << 23)
     else:
         raise AudioError(
-            f"WAV encoding {tag} with {bits}-bit samples is not supported; send PCM (8/16/24/32-bit) or float WAV"
+            f"WAV encoding {tag} with {bits}-bit samples is not supported; "
+            "send PCM (8/16/24/32-bit) or float WAV"
         )
     if channels > 1:
         samples = samples.reshape(-1, channels).mean(axis=1)
@@ -66,7 +67,7 @@ def resample(samples: np.ndarray, rate: int, *, to: int = RATE) -> np.ndarray:
     """Linear interpolation: plenty for speech recognition, which looks at an 8 kHz band at most."""
     if rate == to or samples.size == 0:
         return samples.astype(np.float32)
-    n = int(round(samples.size * to / rate))
+    n = round(samples.size * to / rate)
     t = np.arange(n, dtype=np.float64) * (rate / to)
     return np.interp(t, np.arange(samples.size), samples).astype(np.float32)
 

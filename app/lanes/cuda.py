@@ -104,6 +104,8 @@ def cuda_plan(
         reserved_by_others=min(0.99, promised / (gpu.memory_total or 1)),
         reserved_for="the GPU lanes already loaded",
         tensor_parallel=tp,
+        # KV for `parallel` full-length requests, not the whole card: what leaves room for a second lane
+        concurrency=int(settings.override(model_id, "parallel", settings.parallel)),
         foreign_used=0,
         name=model_id,
     )

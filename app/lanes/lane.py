@@ -222,7 +222,7 @@ class Lane:
 
         try:
             self.proc = await EngineProcess.spawn(
-                self.plan.argv, env=self.plan.env, ring=self.ring, on_port=on_port
+                self.plan.argv, env=self.plan.env, ring=self.ring, on_port=on_port, cwd=self.plan.cwd
             )
         except OSError as exc:
             msg = f"could not launch {self.plan.argv[0]}: {exc}"

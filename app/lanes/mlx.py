@@ -86,30 +86,63 @@ class MLXKind:
         refusal = self.start_refusal(settings, hardware)
         if refusal:
             raise EngineUnavailableError(f"cannot start {entry.id!r} on MLX: {refusal}")
-        folder = entry.path
-        extra = tuple(shlex.split(settings.mlx_extra_args))
-        params = MLXParams(str(folder), entry.id, trained_context(folder), extra)
-        argv = (
-            sys.executable,
-            "-m",
-            "app.lanes.guard",
-            str(ppid),
-            "--",
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            str(folder),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(free_port),
-            *extra,
-        )
-        hub = Path(tempfile.gettempdir()) / "switchyard-mlx-hub"
-        hub.mkdir(parents=True, exist_ok=True)
-        env = engine_env()
-        env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
-        return LaunchPlan(
-            "mlx-lm", argv, env, "/health", free_port, params, engine=self.lane, memory=self.memory
-        )
+        return mlx_plan(entry, settings, ppid=ppid, free_port=free_port)
+
+
+def model_link(folder: Path, model_id: str, *, root: Path) -> Path:
+    """`root/<model_id>`, a symlink to the model's folder (replaced if it points elsewhere)."""
+    link = root / model_id
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and link.resolve() != folder.resolve():
+        link.unlink()
+    if not link.is_symlink():
+        link.symlink_to(folder.resolve(), target_is_directory=True)
+    return link
+
+
+def mlx_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int) -> LaunchPlan:
+    """The command for an MLX folder (the install check is the kind's).
+
+    mlx_lm.server treats a request's `model` as a model to load (a local path, else a hub repository) unless
+    it is the name it was started with. So it is started with our model id as a relative path, in a folder
+    where that path is a link to the model: requests that name the model by its id (from every surface:
+    OpenAI, Anthropic, Ollama) use the loaded model, and answers carry the id back."""
+    folder = entry.path
+    extra = tuple(shlex.split(settings.mlx_extra_args))
+    params = MLXParams(str(folder), entry.id, trained_context(folder), extra)
+    root = (
+        Path(tempfile.gettempdir()) / f"switchyard-mlx-{ppid}"
+    )  # one per server: ids may differ between them
+    model_link(folder, entry.id, root=root)
+    hub = root / ".hub-cache"  # must exist, or /v1/models fails; offline, nothing is fetched into it
+    hub.mkdir(parents=True, exist_ok=True)
+    argv = (
+        sys.executable,
+        "-m",
+        "app.lanes.guard",
+        str(ppid),
+        "--",
+        sys.executable,
+        "-m",
+        "mlx_lm.server",
+        "--model",
+        entry.id,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port),
+        *extra,
+    )
+    env = engine_env()
+    env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
+    return LaunchPlan(
+        "mlx-lm",
+        argv,
+        env,
+        "/health",
+        free_port,
+        params,
+        engine="mlx",
+        memory="runtime-managed",
+        cwd=str(root),
+    )

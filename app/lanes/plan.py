@@ -44,6 +44,7 @@ class LaunchPlan:
     memory: str = "planned"
     prediction: dict[str, Any] | None = None  # for kinds whose plan is not a FitReport (a GPU share)
     notes: tuple[str, ...] = field(default=())
+    cwd: str | None = None  # the engine's working directory; None: the server's
 
     def public(self) -> dict[str, Any]:
         return {

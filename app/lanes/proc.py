@@ -94,10 +94,17 @@ class EngineProcess:
 
     @classmethod
     async def spawn(
-        cls, argv: tuple[str, ...], *, env: dict[str, str], ring: LogRing, on_port: Callable[[int], None]
+        cls,
+        argv: tuple[str, ...],
+        *,
+        env: dict[str, str],
+        ring: LogRing,
+        on_port: Callable[[int], None],
+        cwd: str | None = None,
     ) -> EngineProcess:
         proc = await asyncio.create_subprocess_exec(
             *argv,
+            cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

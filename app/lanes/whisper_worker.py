@@ -12,6 +12,7 @@ import asyncio
 import threading
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from app.lanes.audio import RATE, AudioError, decode
@@ -136,16 +137,21 @@ def main(argv: list[str] | None = None) -> int:
         log("pywhispercpp is not installed: pip install pywhispercpp")
         return 5
     try:
-        # a path, never a name: given a name pywhispercpp would try to download a model
+        # a path, never a name: given a name pywhispercpp would try to download a model. whisper.cpp's own
+        # log stays on stderr (the lane's log): it says why a file does not load
         model = Model(
             params.model_path,
-            redirect_whispercpp_logs_to=None,
+            redirect_whispercpp_logs_to=False,
             n_threads=params.threads,
             print_progress=False,
         )
     except Exception as exc:  # a bad file surfaces as several exception types from the binding
         log(f"whisper.cpp could not load {params.model_path}: {type(exc).__name__}: {exc}")
         return 5
+    # pywhispercpp does not report a failed load; decoding with one crashes. So decode a moment of silence
+    # before saying we serve: a bad model fails the start (with this line in the log), not a request
+    log(f"loaded {params.model_path}; checking it on 0.1 s of silence")
+    model.transcribe(np.zeros(RATE // 10, dtype=np.float32))
     return serve(make_app(model, params))
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import sys
-from typing import Any
 
 from aiohttp import web
 
@@ -46,8 +45,7 @@ async def _serve(app: web.Application) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server: Any = site._server
-    port = int(server.sockets[0].getsockname()[1])
+    port = int(runner.addresses[0][1])
     print(json.dumps({"switchyard": "listening", "port": port}), flush=True)
     await stop.wait()
     await runner.cleanup()

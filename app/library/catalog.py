@@ -5,9 +5,11 @@ Face cache. GGUF headers are read once per (path, size, mtime) — in this proce
 through library.db — and a broken file is listed with its reason, never raised. Without a `library` the
 catalog works in memory only (tests of the formats, `explain PATH`).
 
-GGUF models, Piper voices and whisper ggml models are servable (`ok`, see model.LANE_FORMATS); other
-formats are listed with their format and kind, and `get()` refuses them with "no lane for format X yet". `org/repo:QUANT` resolves to the HF cache GGUF of that
-repository with that quantization, and `org/repo` to its only GGUF model.
+GGUF models, MLX folders, Piper voices and whisper ggml models are servable (`ok`, see
+model.LANE_FORMATS); other formats are listed with their format and kind, and `get()` refuses them with
+"no lane for format X yet".
+`org/repo:QUANT` resolves to the HF cache GGUF of that repository with that quantization, and `org/repo`
+to its only GGUF model.
 """
 
 from __future__ import annotations
@@ -145,8 +147,8 @@ class Catalog:
         if not entry.ok:
             raise NoLaneForFormatError(
                 f"model {model_id!r} is a {entry.format} model ({entry.kind}); "
-                f"no lane for format {entry.format} yet — GGUF models (llama.cpp), Piper voices and "
-                "whisper ggml models run today; use a GGUF build of this model",
+                f"no lane for format {entry.format} yet — GGUF models (llama.cpp), MLX folders, "
+                "Piper voices and whisper ggml models run today; use a GGUF build of this model",
                 param="model",
             )
         return entry

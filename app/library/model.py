@@ -10,9 +10,10 @@ from app.formats.gguf_meta import GGUFFacts
 
 # where a model was found; `download`: in the HF cache and fetched by `switchyard pull`
 SOURCES = ("models_dir", "hf_cache", "import_copy", "import_link", "download")
-# formats some lane runs here (app/lanes); the others are listed with status `no_lane`. safetensors waits for a
-# machine where vLLM/SGLang can be tested end to end (bench/gpu_check.py), MLX for its lane test
-LANE_FORMATS = frozenset({"gguf", "piper", "whisper-ggml"})
+# formats some lane runs here (app/lanes); the others are listed with status `no_lane`. safetensors waits
+# for a machine where vLLM/SGLang can be tested end to end (bench/gpu_check.py)
+LANE_FORMATS = frozenset({"gguf", "piper", "whisper-ggml", "mlx"})
+_RUN_TODAY = "GGUF models, MLX folders, Piper voices and whisper ggml models"
 # sources whose files Switchyard may delete on `rm` without --delete-files (its own copies and the cache)
 OWNED_SOURCES = frozenset({"hf_cache", "download", "import_copy"})
 
@@ -101,7 +102,7 @@ class ModelEntry:
             "kind": self.kind,
             "status": self.status,
             "problem": self.problem
-            or (None if self.ok else f"no lane for format {self.format} yet (GGUF, Piper voices and whisper ggml models run today)"),
+            or (None if self.ok else f"no lane for format {self.format} yet ({_RUN_TODAY} run today)"),
             "parts": [str(p) for p in self.parts] if len(self.parts) > 1 else [],
             "facts": self.facts.public() if self.facts else None,
             "source": self.source,

@@ -51,7 +51,7 @@ _INSTALL = {
     VLLM: "`pip install vllm` (Linux with an NVIDIA GPU)",
     SGLANG: "`pip install sglang` (Linux with an NVIDIA GPU)",
     SD_CPP: "install stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put it on PATH",
-    WHISPER_CPP: "install whisper.cpp (github.com/ggml-org/whisper.cpp) and put whisper-server on PATH",
+    WHISPER_CPP: "`pip install pywhispercpp`",
     PIPER: "`pip install piper-tts`",
 }
 

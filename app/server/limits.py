@@ -124,8 +124,8 @@ async def _answer_and_close(request: web.Request, resp: web.Response) -> web.Res
 # ---- prompt length --------------------------------------------------------------------------------
 def slot_context(lane: Lane) -> tuple[int, int, int] | None:
     """(tokens per request, total context, parallel slots) of the lane's running plan."""
-    if lane.plan is None:
-        return None
+    if lane.plan is None or lane.plan.engine != "llama.cpp":
+        return None  # counting uses llama.cpp's /tokenize and slot context; other engines check it themselves
     p = lane.plan.params
     if p.ctx_size <= 0 or p.parallel <= 0:
         return None

@@ -33,6 +33,8 @@ _METHODS = ("get", "post", "put", "patch", "delete")
 _TAGS = {
     "routes_openai": "OpenAI",
     "routes_responses": "OpenAI",
+    "routes_audio": "OpenAI",
+    "routes_images": "OpenAI",
     "routes_anthropic": "Anthropic",
     "routes_ollama": "Ollama",
     "routes_admin": "Admin",

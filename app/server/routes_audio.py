@@ -17,6 +17,7 @@ routes = web.RouteTableDef()
 
 @routes.post("/v1/audio/speech")
 async def speech(request: web.Request) -> web.Response:
+    """Text to speech on a Piper voice (OpenAI's shape; wav or pcm)"""
     raw = await request.read()
     body = parse_body(raw)
     model = need_model(body.get("model"))
@@ -60,9 +61,11 @@ async def _audio_in(request: web.Request, *, capability: str, path: str) -> web.
 
 @routes.post("/v1/audio/transcriptions")
 async def transcriptions(request: web.Request) -> web.Response:
+    """Speech to text on a whisper.cpp model (OpenAI's multipart upload)"""
     return await _audio_in(request, capability="transcription", path="/v1/audio/transcriptions")
 
 
 @routes.post("/v1/audio/translations")
 async def translations(request: web.Request) -> web.Response:
+    """Speech to English text on a whisper.cpp model (OpenAI's multipart upload)"""
     return await _audio_in(request, capability="translation", path="/v1/audio/translations")

@@ -15,6 +15,7 @@ routes = web.RouteTableDef()
 
 @routes.post("/v1/images/generations")
 async def generations(request: web.Request) -> web.Response:
+    """Image generation, routed by model (no image lane runs yet: the answer says why)"""
     raw = await request.read()
     body = parse_body(raw)
     model = need_model(body.get("model"))
