@@ -29,6 +29,7 @@ from app.server.translate_ollama import (
     shorten,
 )
 from tests.conftest import ServerProcess, link_models, running_server
+from tests.modelgen import write_piper_voice
 
 GRAMMAR = 'root ::= "the answer is 42"'
 PIN = {"grammar": GRAMMAR}
@@ -44,6 +45,7 @@ def norm(v: Any) -> float:
 def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("ollama")
     models = link_models(base / "models", model_store / "tiny.gguf", model_store / "embed.gguf")
+    write_piper_voice(models / "voices")  # a voice is served by Switchyard, but is not for Ollama clients
     with running_server(base / "home", models) as s:
         yield s
 
@@ -173,7 +175,10 @@ def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
 
 def test_list_show_ps_version(client: ollama.Client, server: ServerProcess, model_store: Path) -> None:
     listed = {m.model: m for m in client.list().models}
-    assert set(listed) == {"tiny:latest", "embed:latest"}
+    assert set(listed) == {"tiny:latest", "embed:latest"}  # not the piper voice
+    assert any(
+        m["kind"] == "speech" for m in httpx.get(server.url + "/api/library", timeout=10).json()["models"]
+    )
     tiny = listed["tiny:latest"]
     assert tiny.size == (model_store / "tiny.gguf").stat().st_size
     assert tiny.details and tiny.details.format == "gguf" and tiny.details.family == "llama"

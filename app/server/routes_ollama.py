@@ -122,7 +122,9 @@ async def _unload_if_asked(rt: Runtime, model_id: str, keep_alive: float | None)
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response({"models": [tag(e) for e in rt.catalog.scan() if e.ok]})
+    # Ollama lists language and embedding models only: voices and speech-to-text models are not for it
+    listed = [tag(e) for e in rt.catalog.scan() if e.ok and e.kind in ("chat", "embedding")]
+    return web.json_response({"models": listed})
 
 
 @routes.get("/api/ps")

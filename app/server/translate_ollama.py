@@ -478,7 +478,7 @@ def details(entry: ModelEntry) -> dict[str, Any]:
     arch = facts.architecture if facts else ""
     return {
         "parent_model": "",
-        "format": "gguf",
+        "format": entry.format,
         "family": arch,
         "families": [arch] if arch else None,
         "parameter_size": "",
@@ -495,7 +495,7 @@ def _mtime(entry: ModelEntry) -> str:
 
 def tag(entry: ModelEntry) -> dict[str, Any]:
     name = ollama_name(entry.id)
-    size = entry.facts.file_bytes if entry.facts else 0
+    size = entry.facts.file_bytes if entry.facts else sum(f.size for f in entry.files)
     return {
         "name": name,
         "model": name,
