@@ -79,6 +79,14 @@ def test_busy_port_single_instance_state_and_tray(
             assert desk.qapp.focusWidget() is desk.window.pages["Discover"].query
             desk.window.show_page("Lanes")
             assert "No lanes yet" in page.desk.window.pages["Lanes"].empty.text()
+            # F1 / the sidebar button: the About box names the version from pyproject, without blocking
+            QTest.keyClick(desk.window, Qt.Key.Key_F1)
+            about = desk.window._about
+            assert about is not None and about.isVisible()  # shown with open(): the loop keeps running
+            from app import __version__
+
+            assert f"Switchyard {__version__}" in about.text() and str(paths.home) in about.text()
+            about.close()
             desk.quit()
             await desk.run()
         assert not forward_to_running(paths, timeout_ms=200)  # gone with the window

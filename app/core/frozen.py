@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import runpy
 import sys
+from pathlib import Path
 
 MODULE_COMMAND = "_module"
 # only our own process entry points may be started this way: the hidden command is not a Python shell
@@ -23,8 +24,19 @@ def is_frozen() -> bool:
 def module_argv(module: str) -> tuple[str, ...]:
     """The start of the argv that runs `module` as `__main__` in a new process."""
     if is_frozen():
-        return (sys.executable, MODULE_COMMAND, module)
+        return (_console_program(), MODULE_COMMAND, module)
     return (sys.executable, "-m", module)
+
+
+def _console_program() -> str:
+    """On Windows the desktop entry runs the windowed switchyardw.exe, which has no standard streams of
+    its own; workers report on stdout, so they run as the console program beside it."""
+    exe = Path(sys.executable)
+    if exe.stem.lower() == "switchyardw":
+        console = exe.with_name("switchyard" + exe.suffix)
+        if console.is_file():
+            return str(console)
+    return str(exe)
 
 
 def run_module(argv: list[str]) -> int:

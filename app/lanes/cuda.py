@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import EngineUnavailableError
+from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
 from app.formats.detect import detect_format
@@ -116,7 +117,7 @@ def cuda_plan(
     else:
         head = [executable or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model.path)]
         head += ["--served-model-name", model_id]
-    argv = [sys.executable, "-m", "app.lanes.guard", str(ppid), "--", *head]
+    argv = [*module_argv("app.lanes.guard"), str(ppid), "--", *head]
     argv += ["--host", "127.0.0.1", "--port", str(port), *share.argv, *extra]
     env = engine_env()
     # NVML's order is PCI order; make CUDA count the same way so the indexes we plan on are the ones used

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import EngineUnavailableError
+from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.lanes.kind import module_install
@@ -117,9 +118,7 @@ def mlx_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int
     hub = root / ".hub-cache"  # must exist, or /v1/models fails; offline, nothing is fetched into it
     hub.mkdir(parents=True, exist_ok=True)
     argv = (
-        sys.executable,
-        "-m",
-        "app.lanes.guard",
+        *module_argv("app.lanes.guard"),
         str(ppid),
         "--",
         sys.executable,

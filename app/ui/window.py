@@ -13,7 +13,10 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMainWindow,
+    QMessageBox,
+    QPushButton,
     QStackedWidget,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -54,11 +57,20 @@ class MainWindow(QMainWindow):
             item.setSizeHint(QSize(140, 34))
             self.sidebar.addItem(item)
         self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
+        side = QWidget()
+        side_lay = QVBoxLayout(side)
+        side_lay.setContentsMargins(0, 0, 0, 4)
+        side_lay.addWidget(self.sidebar, 1)
+        self.about_btn = QPushButton("About Switchyard")
+        self.about_btn.setFlat(True)
+        self.about_btn.setFixedWidth(150)
+        self.about_btn.clicked.connect(self.show_about)
+        side_lay.addWidget(self.about_btn)
         body = QWidget()
         lay = QHBoxLayout(body)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
-        lay.addWidget(self.sidebar)
+        lay.addWidget(side)
         lay.addWidget(self.stack, 1)
         self.setCentralWidget(body)
         self.server_label = QLabel()
@@ -71,6 +83,29 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+W"), self, self.close)
         QShortcut(QKeySequence("Ctrl+F"), self, self._find)
         QShortcut(QKeySequence("Ctrl+N"), self, self._new_chat)
+        QShortcut(QKeySequence("F1"), self, self.show_about)
+        self._about: QMessageBox | None = None
+
+    # ---- about ------------------------------------------------------------------------------------
+    def about_text(self) -> str:
+        from app import __version__
+
+        home = self.desk.runtime.paths.home
+        return (
+            f"<b>Switchyard {__version__}</b><br>Local AI models behind one OpenAI-compatible endpoint, "
+            f"each run by a real upstream engine.<br><br>Data folder: {home}<br>"
+            f"Server: {self.desk.server.url if self.desk.server.running else 'stopped'}<br>"
+            "Licence: Apache-2.0"
+        )
+
+    def show_about(self) -> QMessageBox:
+        """A non-modal box (`open()`, never `exec()`): the event loop keeps serving while it shows."""
+        if self._about is None:
+            self._about = QMessageBox(QMessageBox.Icon.Information, "About Switchyard", "", parent=self)
+            self._about.setIconPixmap(app_icon(running=True).pixmap(64, 64))
+        self._about.setText(self.about_text())
+        self._about.open()
+        return self._about
 
     # ---- pages ------------------------------------------------------------------------------------
     def show_page(self, name: str) -> QWidget:
