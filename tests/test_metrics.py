@@ -350,3 +350,36 @@ async def test_event_stream_carries_request_and_download_events(tmp_path: Path) 
         assert progress["repo"] == "org/m" and progress["delta"] == 5
         assert not [d for k, d in seen if k == "request.done" and d["route"] == "/metrics"]
         events.close()
+
+
+def test_anthropic_and_ollama_tokens_are_counted(server: tuple[ServerProcess, str]) -> None:
+    import anthropic
+    import ollama
+
+    s, _ = server
+    tokens = {"model": "tiny", "client": "-"}
+
+    def counts() -> tuple[float, float]:
+        samples, _, _ = scrape(s)
+        return (
+            value(samples, "switchyard_input_tokens_total", **tokens),
+            value(samples, "switchyard_output_tokens_total", **tokens),
+        )
+
+    before = counts()
+    a = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    msg = a.messages.create(model="tiny", max_tokens=6, messages=hi)  # type: ignore[arg-type]
+    with a.messages.stream(model="tiny", max_tokens=5, messages=hi) as st:  # type: ignore[arg-type]
+        streamed = st.get_final_message()
+    o = ollama.Client(host=s.url)
+    chat = o.chat(model="tiny", messages=hi, options={"num_predict": 4})
+    want_in = msg.usage.input_tokens + streamed.usage.input_tokens + (chat.prompt_eval_count or 0)
+    want_out = msg.usage.output_tokens + streamed.usage.output_tokens + (chat.eval_count or 0)
+    assert want_in > 0 and want_out > 0
+    deadline = time.monotonic() + 20  # a stream is recorded when the server has finished it
+    got = counts()
+    while (got[0] - before[0], got[1] - before[1]) != (want_in, want_out) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = counts()
+    assert (got[0] - before[0], got[1] - before[1]) == (want_in, want_out)

@@ -21,6 +21,7 @@ from app.lanes.lane import Lane
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
+from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
 from app.server.translate_anthropic import MessagesCall, MessageTranslator, error_body, sse, to_openai
 from app.server.translate_engine import (
@@ -143,9 +144,16 @@ async def _answer(
             upstream.close()
             await _settle_usage(rt, lane, tr, call)
             tr.finish()
+            request[USAGE] = _usage(tr)
             return web.json_response(tr.message())
         finally:
             upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+
+
+def _usage(tr: MessageTranslator) -> tuple[int, int]:
+    """(input, output) tokens for /metrics."""
+    usage = tr.usage()
+    return usage["input_tokens"], usage["output_tokens"]
 
 
 async def _settle_usage(rt: Runtime, lane: Lane, tr: MessageTranslator, call: MessagesCall) -> None:
@@ -182,6 +190,7 @@ async def _stream(
             upstream.close()
             await _settle_usage(rt, lane, tr, call)
             await resp.write(sse(tr.finish()))
+            request[USAGE] = _usage(tr)
         except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as an event
             await resp.write(sse([("error", error_body(exc))]))
         await resp.write_eof()

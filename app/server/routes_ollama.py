@@ -25,6 +25,7 @@ from app.library.catalog import ModelEntry
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
+from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, wait_loading
 from app.server.translate_engine import has_vision, post, post_json, sse_chunks
 from app.server.translate_ollama import (
@@ -216,6 +217,9 @@ async def _run(
         with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
             await resp.write(ndjson([{"error": exc.message}]))  # the stream said 200 already
         return resp
+    prompt, completion = tr.usage.get("prompt_tokens"), tr.usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        request[USAGE] = (prompt, completion)  # tokens in/out for /metrics
     await _unload_if_asked(rt, entry.id, call.keep_alive)
     return resp
 
