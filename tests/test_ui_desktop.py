@@ -246,6 +246,15 @@ def test_discover_download_chat_keys_tray_quit(
             lib.load(mid)
             await desk.tasks.settle(limit=90)
             assert str(desk.runtime.supervisor.lanes[mid].state) == "ready"
+            # a chat with a model that is not running says the lane's phase while it starts
+            await desk.runtime.supervisor.unload(mid)
+            phases: list[str] = []
+            desk.bridge.received.connect(lambda kind, _d: phases.append(chat.phase.text()))
+            task = chat.send("are you there?")
+            await asyncio.gather(task, return_exceptions=True)
+            assert any(p.startswith("Starting ") for p in phases), phases
+            assert any("is ready; waiting for the first token" in p for p in phases), phases
+            assert chat.phase.text() == "" and desk.chats.messages(cid)[-1].role == "assistant"
             pid = desk.runtime.supervisor.lanes[mid].proc.pid
             # --- Server page: a key, and the server takes it (and refuses a wrong one)
             srv = w.show_page("Server")
