@@ -36,6 +36,9 @@ CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answe
 # set by the handlers, read by the middleware once the request is done
 FIRST_BYTE: web.RequestKey[float] = web.RequestKey("first_byte_at", float)
 USAGE: web.RequestKey[tuple[int, int]] = web.RequestKey("usage", tuple)
+# set by a stream once every byte is written: a client that leaves while the handler is still closing
+# (it read the last event and hung up) cancels the handler, and that is a completed answer, not a 499
+SENT_STATUS: web.RequestKey[int] = web.RequestKey("sent_status", int)
 
 
 class Histogram:
@@ -333,7 +336,7 @@ def middleware(metrics: Metrics, bus: EventBus | None = None) -> Middleware:
             status = exc.status
             raise
         except asyncio.CancelledError:
-            status = CLIENT_CLOSED
+            status = request.get(SENT_STATUS, CLIENT_CLOSED)
             raise
         finally:
             metrics.in_flight -= 1

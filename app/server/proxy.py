@@ -22,7 +22,7 @@ from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane, crashed_error
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
-from app.server.metrics import FIRST_BYTE, USAGE, usage_from
+from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
 from app.server.translate_engine import pin_named_tool_choice
 from app.server.validate import check, parse_body
 
@@ -289,6 +289,7 @@ async def _stream(
         return resp
     if (usage := usage_from(prev + last)) is not None:
         request[USAGE] = usage
+    request[SENT_STATUS] = resp.status
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
