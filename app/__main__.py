@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app import __version__, cli_hub, cli_keys, cli_library, cli_pull
+from app import __version__, cli_engines, cli_hub, cli_keys, cli_library, cli_pull, cli_remote
 from app.core.errors import ServerNotRunningError, SettingsError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import DEFAULT_PORT, FLASH_ATTN, KV_TYPES, RUNTIMES, Settings, load_settings
@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         "--runtime", choices=RUNTIMES, help="llama.cpp runtime (default auto: xllamacpp, then llama-server)"
     )
     s.add_argument("--llama-server", dest="llama_server_path", help="path of a llama-server binary")
+    s.add_argument(
+        "--sd-server", dest="sd_server_path", help="path of a stable-diffusion.cpp sd-server binary"
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     ls = sub.add_parser("ls", help="list the models in the library")
@@ -90,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     cli_pull.register(sub)
     cli_library.register(sub)
     cli_hub.register(sub)
+    cli_remote.register(sub)
+    cli_engines.register(sub)
     sub.add_parser("version", help="print the version")
     sub.add_parser("gui", help="open the desktop window (default)")
     return ap
@@ -121,6 +126,7 @@ def _settings(args: argparse.Namespace, paths: Paths) -> Settings:
         "gpu_layers",
         "runtime",
         "llama_server_path",
+        "sd_server_path",
     )
     changes: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
     if getattr(args, "models_dirs", None):
@@ -186,25 +192,32 @@ def cmd_ps(args: argparse.Namespace, paths: Paths) -> int:
         lanes = remote.get_json(url, "/api/lanes", key=remote.api_key(args.api_key), timeout=5)["lanes"]
     except (urllib.error.URLError, OSError) as exc:
         raise remote.not_running(url, exc) from exc
+    try:  # remote lanes (app/cli_remote.py); an older server has no /api/remotes
+        remotes = remote.get_json(url, "/api/remotes", key=remote.api_key(args.api_key), timeout=5)["remotes"]
+    except (urllib.error.URLError, OSError, SwitchyardError):
+        remotes = []
     if args.json:
-        print(json.dumps({"url": url, "lanes": lanes}, indent=2))
+        print(json.dumps({"url": url, "lanes": lanes, "remotes": remotes}, indent=2))
         return 0
     if not lanes:
         print(f"server at {url}: no lanes yet (a lane starts when a request names its model)")
-        return 0
-    rows = [("MODEL", "STATE", "PID", "PORT", "IN-FLIGHT", "ERROR")]
-    for ln in lanes:
-        rows.append(
-            (
-                ln["model"],
-                ln["state"],
-                str(ln["pid"] or "-"),
-                str(ln["port"] or "-"),
-                str(ln["in_flight"]),
-                (ln["error"] or "")[:120],
+    else:
+        rows = [("MODEL", "STATE", "PID", "PORT", "IN-FLIGHT", "ERROR")]
+        for ln in lanes:
+            rows.append(
+                (
+                    ln["model"],
+                    ln["state"],
+                    str(ln["pid"] or "-"),
+                    str(ln["port"] or "-"),
+                    str(ln["in_flight"]),
+                    (ln["error"] or "")[:120],
+                )
             )
-        )
-    _table(rows)
+        _table(rows)
+    if remotes:
+        print("remotes:")
+        cli_remote.print_table(remotes)
     return 0
 
 
@@ -343,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         "search": cli_hub.run,
         "show": cli_hub.run,
         "hub": cli_hub.run,
+        "engine": lambda a, p: cli_engines.run(a, p, load_settings(p.settings_file)),
         "import": lambda a, p: cli_library.cmd_import(a, p, _settings(a, p)),
         "rm": lambda a, p: cli_library.cmd_rm(a, p, _settings(a, p)),
+        "remote": cli_remote.run,
     }
     try:
         if args.command == "version":

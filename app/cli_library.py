@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app import cli_remote
 from app.core.errors import ModelInUseError, ServerNotRunningError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import Settings
@@ -86,12 +87,14 @@ def cmd_ls(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
     finally:
         library.close()
     dirs = [str(d) for d in catalog.dirs]
+    remote_models = cli_remote.remote_models(paths)  # NAME/MODEL of each remote (docs/engines.md)
     if args.json:
         doc = {
             "library": str(library.path),
             "dirs": dirs,
             "hf_cache": str(catalog.hf_cache),
             "models": models,
+            "remote_models": remote_models,
         }
         print(json.dumps(doc, indent=2))
         return 0
@@ -100,14 +103,19 @@ def cmd_ls(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
             f"no models in {', '.join(dirs)} or the Hugging Face cache {catalog.hf_cache} — put .gguf files "
             "there, `switchyard import PATH`, or `switchyard pull REPO`"
         )
-        return 0
-    rows = [("ID", "FORMAT", "KIND", "SIZE", "SOURCE", "ORIGIN", "STATUS")]
-    for m in models:
-        o = m["origin"]
-        origin = (f"{o['repo']}@{o['commit'][:7]}" if o["commit"] else o["repo"]) if o else "-"
-        status = m["status"] if m["status"] == "ok" else f"{m['status']}: {m['problem']}"
-        rows.append((m["id"], m["format"], m["kind"], _size(m["size"]), m["source"], origin, status))
-    _table(rows)
+    else:
+        rows = [("ID", "FORMAT", "KIND", "SIZE", "SOURCE", "ORIGIN", "STATUS")]
+        for m in models:
+            o = m["origin"]
+            origin = (f"{o['repo']}@{o['commit'][:7]}" if o["commit"] else o["repo"]) if o else "-"
+            status = m["status"] if m["status"] == "ok" else f"{m['status']}: {m['problem']}"
+            rows.append((m["id"], m["format"], m["kind"], _size(m["size"]), m["source"], origin, status))
+        _table(rows)
+    if remote_models:
+        print()
+        _table(
+            [("REMOTE MODEL", "KIND", "URL")] + [(m["id"], m["kind"] or "-", m["url"]) for m in remote_models]
+        )
     return 0
 
 

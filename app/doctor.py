@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from app.cli_library import open_catalog
+from app.cli_remote import doctor_rows
 from app.core.errors import SettingsError
 from app.core.paths import Paths
 from app.core.pins import load_pins
@@ -68,6 +69,10 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
                     "another program: `switchyard serve --port N` picks another)",
                 )
             )
+    remotes = doctor_rows(paths)  # asked of the running server, else checked from here
+    for r in remotes:
+        if r["state"] != "ready":
+            problems.append(_problem("warning", r["error"] or f"remote {r['name']} is {r['state']}"))
     return {
         "home": str(paths.home),
         "disk_free": free,
@@ -79,6 +84,7 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
             "broken": sum(e.problem is not None for e in entries),
             "no_lane_yet": sum(e.problem is None and not e.ok for e in entries),
         },
+        "remotes": remotes,
         "problems": problems,
     }
 
@@ -123,6 +129,13 @@ def render_doctor(r: dict[str, Any]) -> str:
         f"models:    {m['servable']} servable, {m['broken']} broken, {m['no_lane_yet']} with no lane yet"
         f" in {', '.join(m['dirs'])}"
     )
+    if r.get("remotes"):
+        lines.append("remotes:")
+        for rem in r["remotes"]:
+            n = len(rem["models"])
+            lines.append(
+                f"  {rem['name']:<12} {rem['state']} - {rem['url']}; {n} model{'s' if n != 1 else ''}"
+            )
     if r["problems"]:
         lines.append("notes:")
         lines += [f"  [{p['level']}] {p['message']}" for p in r["problems"]]

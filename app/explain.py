@@ -33,6 +33,18 @@ def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
     return FitCheck(report.fits, report.summary)
 
 
+def _same_file_check(lane: str, report: FitReport, settings: Settings) -> FitCheck | None:
+    """mistral.rs reads the same GGUF and sizes its own cache, so nothing is predicted for it; it only shares
+    llama.cpp's "does not fit" (the same weights, at the context asked for). Routing then does not offer
+    it as the way out of a refusal the server itself never routes around."""
+    if lane != "mistral.rs":
+        return None
+    check = _fit_check(report, settings)
+    if check.fits:
+        return None
+    return FitCheck(False, f"the same file at the same context as on llama.cpp: {check.summary}")
+
+
 def entry_for_path(path: Path) -> ModelEntry:
     facts = read_gguf(path)
     if isinstance(facts, GGUFProblem):
@@ -72,9 +84,11 @@ def explain(
         if lane_name in shares:
             share = shares[lane_name]
             return FitCheck(share["fits"], share["summary"])
-        if lane_name != "llama.cpp" or report is None:
+        if report is None:
             return None
-        return _fit_check(report, settings)
+        if lane_name == "llama.cpp":
+            return _fit_check(report, settings)
+        return _same_file_check(lane_name, report, settings)
 
     decision = decide(
         fmt, hardware=hardware, installed=installed_lanes(settings), pins=pins, model_id=entry.id, fit=fit
@@ -158,7 +172,12 @@ def render(doc: dict[str, Any]) -> str:
             out.append(f"memory: {doc.get('fit_problem') or 'not estimated'}")
         return "\n".join(out)
     req = doc["requested"]
-    out.append(f"memory: {fit['summary']}")
+    if (doc.get("decision") or {}).get("lane") == "mistral.rs":
+        # runtime-managed: mistral.rs sizes its own cache; llama.cpp's plan is shown only to compare with
+        out.append("memory: mistral.rs sizes its own KV cache; only what it holds once loaded is measured.")
+        out.append(f"llama.cpp's plan for the same file: {fit['summary']}")
+    else:
+        out.append(f"memory: {fit['summary']}")
     out.append(
         f"  asked for: context {req['ctx_size']}{' (automatic)' if req['ctx_auto'] else ''}, "
         f"{req['parallel']} slot(s), KV cache {req['kv_type']}"
@@ -190,22 +209,23 @@ def render(doc: dict[str, Any]) -> str:
     free = ", ".join(f"{k} {_size(v)}" for k, v in fit["budget"].items())
     out.append(f"free for this model: {free}")
     loaded = doc.get("loaded")
+    heading = "loaded now:"
     if not (loaded and loaded.get("measured")) and doc.get("last_measured"):
         loaded = doc["last_measured"]
-        out.append(f"last load ({time.ctime(loaded['at'])}) with context {loaded['params']['ctx_size']}:")
-    elif loaded and loaded.get("measured"):
-        out.append("loaded now:")
-    if loaded and loaded.get("measured"):
-        m = loaded["measured"]
-        pred = loaded.get("predicted") or {}
+        ctx = loaded["params"].get("ctx_size")  # llama.cpp's; other engines keep their own context
+        heading = f"last load ({time.ctime(loaded['at'])}){f' with context {ctx}' if ctx else ''}:"
+    m = (loaded or {}).get("measured") or {}
+    if m.get("devices") or m.get("rss_bytes"):  # engines other than llama.cpp log no buffers to compare
+        out.append(heading)
+    if m.get("devices"):
         out.append("  predicted / measured (llama.cpp's own buffers):")
-        pdev = {d["device"]: d for d in pred.get("devices", [])}
+        pdev = {d["device"]: d for d in ((loaded or {}).get("predicted") or {}).get("devices", [])}
         for dev, comps in m["devices"].items():
             p = pdev.get(dev, {})
             parts = [f"{c} {_size(p.get(c))} / {_size(v)}" for c, v in comps.items() if c != "output"]
             out.append(f"    {dev}: " + ", ".join(parts))
-        if m.get("rss_bytes"):
-            out.append(f"    engine process RSS {_size(m.get('rss_bytes'))}")
+    if m.get("rss_bytes"):
+        out.append(f"    engine process RSS {_size(m.get('rss_bytes'))}")
     return "\n".join(out)
 
 
@@ -225,8 +245,10 @@ def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Any) -> 
     report = fit_for(entry, settings, hardware=hw) if entry.ok and fmt.kind is ModelKind.GGUF else None
 
     def fit(lane_name: str) -> FitCheck | None:
-        if lane_name != "llama.cpp" or not isinstance(report, FitReport):
+        if not isinstance(report, FitReport):
             return None
-        return _fit_check(report, settings)
+        if lane_name == "llama.cpp":
+            return _fit_check(report, settings)
+        return _same_file_check(lane_name, report, settings)
 
     return check_pin(fmt, lane, hardware=hw, installed=installed_lanes(settings), fit=fit)

@@ -22,7 +22,11 @@ from app.hardware.probe import probe
 from app.hub.config import hub_config
 from app.hub.download import DownloadManager
 from app.hub.token import TokenStore
+from app.lanes.engine_jobs import EngineJobs
+from app.lanes.engine_store import EngineStore
 from app.lanes.lane import Lane
+from app.lanes.remote_store import RemoteStore
+from app.lanes.remotes import RemoteRegistry
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
 from app.library.footprints import LibraryFootprints
@@ -58,6 +62,10 @@ class Runtime:
             on_ready=self._lane_ready,
             pins_file=self.paths.pins_file,
         )
+        # remote lanes (docs/engines.md#remote-lanes): remotes.json, their keys, their health checks
+        self.remotes = RemoteRegistry(RemoteStore.at(self.paths.home), bus=self.bus, settings=self.settings)
+        # engines in their own environments (`switchyard engine`, /api/engines): install jobs
+        self.engines = EngineJobs(bus=self.bus, settings=self.settings, store=EngineStore(self.paths.engines))
         # one token store per process: it holds a session-only token that hub calls and downloads share
         self.tokens = TokenStore(self.paths, self.settings)
         # downloads (app/hub/download.py): jobs persist in SWITCHYARD_HOME/downloads and resume on start
@@ -76,6 +84,7 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         await self.supervisor.__aenter__()
         await self.downloads.__aenter__()
+        await self.remotes.__aenter__()
         if self.settings.plan_memory:
             # once, off the event loop: NVML, sysfs and llama.cpp's device list
             self.supervisor.hardware = await asyncio.to_thread(probe, bandwidth_cache=None)
@@ -108,6 +117,8 @@ class Runtime:
         if self._monitor is not None:
             await self._monitor.__aexit__(et, ev, tb)
             self._monitor = None
+        await self.remotes.__aexit__(et, ev, tb)
+        await self.engines.__aexit__(et, ev, tb)
         await self.downloads.__aexit__(et, ev, tb)
         await self.supervisor.__aexit__(et, ev, tb)
         self.library.close()

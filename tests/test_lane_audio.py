@@ -264,7 +264,7 @@ def test_missing_capability_names_the_lanes_and_models_that_have_it(
     assert (
         status == 400
         and "cannot do images" in body["error"]["message"]
-        and "no lane" in body["error"]["message"]
+        and "stable-diffusion.cpp lane" in body["error"]["message"]
     )
     status, body = post(server, "/v1/embeddings", {"model": WHISPER, "input": "x"})
     assert status == 400 and "cannot do embeddings" in body["error"]["message"]

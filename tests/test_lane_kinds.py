@@ -145,9 +145,16 @@ def test_cuda_lanes_refuse_without_an_nvidia_gpu(model: SafetensorsModel, tmp_pa
         why = kinds[lane].start_refusal(Settings(), hw())
         assert why is not None and ("not installed" in why or "NVIDIA GPU" in why)
     entry = ModelEntry("org/small-llama", model.path, None, None, format="safetensors", kind_name="chat")  # type: ignore[arg-type]
-    with pytest.raises(EngineUnavailableError) as exc:
-        choose_kind(entry, Settings(), kinds=kinds, hardware=hw(), pinned=None)
+    if kinds["mistral.rs"].install(Settings()).installed:  # plain weights without CUDA: mistral.rs runs them
+        assert choose_kind(entry, Settings(), kinds=kinds, hardware=hw(), pinned=None).lane == "mistral.rs"
+    awq = tmp_path / "org" / "small-llama-awq"
+    quant = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm", "zero_point": True}
+    write_hf_dir(awq, DIMS.config(quantization_config=quant), llama_tensors(DIMS, "awq", group=32))
+    quantized = ModelEntry("org/awq", awq, None, None, format="safetensors", kind_name="chat")
+    with pytest.raises(EngineUnavailableError) as exc:  # AWQ kernels: only the CUDA lanes are asked
+        choose_kind(quantized, Settings(), kinds=kinds, hardware=hw(), pinned=None)
     assert "vLLM" in exc.value.message and "SGLang" in exc.value.message
+    assert "mistral.rs" not in exc.value.message
     with pytest.raises(EngineUnavailableError, match="pinned to piper"):
         choose_kind(entry, Settings(), kinds=kinds, hardware=hw(), pinned="piper")
     with pytest.raises(EngineUnavailableError, match="NVIDIA GPU"):  # the plan itself refuses, too
@@ -156,7 +163,16 @@ def test_cuda_lanes_refuse_without_an_nvidia_gpu(model: SafetensorsModel, tmp_pa
 
 def test_kinds_for_each_format() -> None:
     kinds = engine_kinds()
-    assert list(kinds) == ["llama.cpp", "mlx", "vllm", "sglang", "whisper.cpp", "piper"]
+    assert list(kinds) == [
+        "llama.cpp",
+        "mistral.rs",
+        "mlx",
+        "vllm",
+        "sglang",
+        "sd.cpp",
+        "whisper.cpp",
+        "piper",
+    ]
     voice = ModelEntry("v", Path("v.onnx"), None, None, format="piper", kind_name="speech")
     asr = ModelEntry("w", Path("w.bin"), None, None, format="whisper-ggml", kind_name="transcription")
     assert choose_kind(voice, Settings(), kinds=kinds, hardware=None, pinned=None).lane == "piper"
@@ -176,7 +192,7 @@ def test_doctor_lane_report_says_why_not() -> None:
     )
     assert rows["whisper.cpp"]["can_start"] and "pywhispercpp" in str(rows["whisper.cpp"]["version"])
     assert not rows["vllm"]["can_start"] and rows["vllm"]["why_not"]
-    assert rows["sd.cpp"]["has_lane"] is False and "no sd.cpp lane yet" in str(rows["sd.cpp"]["why_not"])
+    assert rows["sd.cpp"]["has_lane"] and rows["sd.cpp"]["capabilities"] == ["images"]
 
 
 def test_gpu_check_script_says_why_it_cannot_run_here() -> None:
@@ -273,4 +289,4 @@ def test_doctor_command_reports_every_lane(tmp_path: Path) -> None:
     assert lanes["vllm"]["can_start"] is False and lanes["vllm"]["why_not"]
     text = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout
     assert "piper        installed - piper-tts" in text and "; can start here" in text
-    assert "sd.cpp       not available; cannot start here: Switchyard has no sd.cpp lane yet" in text
+    assert "sd.cpp       not available; cannot start here: no executable sd-server was found" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -68,14 +69,14 @@ def test_import_copy_link_refusals_and_rm(tmp_path: Path, model_store: Path) -> 
     table = cli(home, "ls", "--models-dir", str(models)).stdout
     assert "import_copy" in table and "import_link" in table and "SOURCE" in table
 
-    # a folder is copied whole, and listed with its format even though no lane runs it yet
+    # a folder is copied whole, and listed with its format
     st = tmp_path / "outside" / "st-model"
     write_hf_dir(st, DIMS_DEFAULT.config(), llama_tensors(DIMS_DEFAULT))
     out = cli(home, "import", str(st), "--name", "org/st", "--models-dir", str(models))
     assert out.returncode == 0, out.stderr
     assert (home / "models" / "imported" / "org" / "st" / "model.safetensors").exists()
     got = ls(home, "--models-dir", str(models))["org/st"]
-    assert (got["format"], got["status"], got["source"]) == ("safetensors", "no_lane", "import_copy")
+    assert (got["format"], got["status"], got["source"]) == ("safetensors", "ok", "import_copy")
     assert {f["path"] for f in got["files"]} == {"config.json", "model.safetensors"}
     assert all(f["sha256"] for f in got["files"])
     assert cli(home, "rm", "org/st", "--models-dir", str(models)).returncode == 0
@@ -164,7 +165,7 @@ def test_a_model_in_the_hf_cache_is_served(fake_hub: FakeHub, tmp_path: Path, mo
     empty = tmp_path / "models"
     write_hf_dir(empty / "org" / "st-model", DIMS_DEFAULT.config(), llama_tensors(DIMS_DEFAULT))
     listed = ls(home, "--models-dir", str(empty))
-    assert listed["org/st-model"]["status"] == "no_lane"
+    assert listed["org/st-model"]["status"] == "ok"
     m = listed["org/tiny-GGUF/tiny-Q4_K_M"]
     assert m["source"] == "hf_cache" and m["origin"]["commit"] == commit and m["quant"] == "Q4_K_M"
     assert f"org/tiny-GGUF@{commit[:7]}" in cli(home, "ls", "--models-dir", str(empty)).stdout
@@ -178,9 +179,14 @@ def test_a_model_in_the_hf_cache_is_served(fake_hub: FakeHub, tmp_path: Path, mo
             extra_body={"grammar": 'root ::= "hello"'},
         )
         assert r.choices[0].message.content == "hello"
-        assert "org/st-model" not in {x.id for x in client.models.list()}
-        with pytest.raises(
-            openai.UnprocessableEntityError, match="no lane for format safetensors yet"
-        ) as exc:
-            client.chat.completions.create(model="org/st-model", messages=[{"role": "user", "content": "x"}])
-        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "no_lane_for_format"
+        assert "org/st-model" in {x.id for x in client.models.list()}
+        # listed and routed, but this folder has no tokenizer: the lane says what is missing (or, where
+        # mistral.rs is not installed, what to install), before any engine starts
+        with pytest.raises(openai.APIStatusError) as exc:
+            client.with_options(max_retries=0).chat.completions.create(
+                model="org/st-model", messages=[{"role": "user", "content": "x"}]
+            )
+        assert exc.value.status_code == 503
+        assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "engine_unavailable"
+        missing = "tokenizer.json" if importlib.util.find_spec("mistralrs") else "pip install mistralrs"
+        assert missing in exc.value.message

@@ -297,3 +297,93 @@ class CapabilityMissingError(BadRequestError):
     """The model's lane cannot do what the route asks (speech from a chat model, chat from a voice)."""
 
     code = "capability_missing"
+
+
+# ---- engine environments (app/lanes/engine_*.py; `switchyard engine`, /api/engines) ----------------------
+class UnknownEngineError(SwitchyardError, LookupError):
+    """Not an engine of the manifest (app/lanes/engines.toml)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "engine_not_found"
+
+
+class EngineStateError(SwitchyardError, ValueError):
+    """A version that is not one, or an engine's state.json that cannot be read."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "engine_state_invalid"
+
+
+class EngineInstallError(SwitchyardError):
+    """pip, the new environment or its check failed; the installed version (if any) is unchanged."""
+
+    status = 502
+    code = "engine_install_failed"
+
+
+class NoEnginePythonError(EngineInstallError):
+    """No Python 3.11+ to create an engine's environment with (a frozen app has none of its own)."""
+
+    status = 503
+    code = "no_engine_python"
+
+
+class EngineBusyError(SwitchyardError):
+    """Another install, rollback or removal of the same engine is running (in this or another process)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "engine_busy"
+
+
+class EngineInUseError(SwitchyardError):
+    """A lane runs the engine version (or engine) that would be removed."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "engine_in_use"
+
+
+# ---- remote lanes (app/lanes/remote*.py; `switchyard remote`, /api/remotes) ---------------------------
+class RemoteNotFoundError(SwitchyardError, LookupError):
+    status = 404
+    type = "invalid_request_error"
+    code = "remote_not_found"
+
+
+class RemoteExistsError(SwitchyardError):
+    status = 409
+    type = "invalid_request_error"
+    code = "remote_exists"
+
+
+class RemoteUnavailableError(SwitchyardError):
+    """The remote endpoint does not answer (down, unreachable, timing out): nothing was sent."""
+
+    status = 503
+    type = "server_error"
+    code = "remote_unreachable"
+    source = "remote"
+
+
+class RemoteFailedError(SwitchyardError):
+    """The remote broke off mid-request, or answered with something that is not its API."""
+
+    status = 502
+    type = "server_error"
+    code = "remote_failed"
+    source = "remote"
+
+
+class RemoteAuthError(RemoteFailedError):
+    """The remote refused the key Switchyard keeps for it (or needs one and none is kept)."""
+
+    code = "remote_auth_failed"
+
+
+class EngineJobNotFoundError(SwitchyardError, LookupError):
+    status = 404
+    type = "invalid_request_error"
+    code = "engine_job_not_found"

@@ -63,6 +63,11 @@ class Paths:
         return self.models / "imported"
 
     @property
+    def engines(self) -> Path:
+        """Engines in environments of their own, one folder per lane (app/lanes/engine_store.py)."""
+        return self.home / "engines"
+
+    @property
     def hardware_cache(self) -> Path:
         return self.home / "hardware.json"
 

@@ -76,6 +76,14 @@ class Settings:
     vllm_extra_args: str = ""
     sglang_extra_args: str = ""
     mlx_extra_args: str = ""
+    # the Python 3.11+ that creates engine environments (`switchyard engine install`); None: this
+    # process's own interpreter, or in a frozen bundle the newest python3 on PATH (docs/engines.md)
+    engine_python: str | None = None
+    # stable-diffusion.cpp (docs/engines.md#the-sdcpp-lane): its sd-server binary, when not on PATH
+    sd_server_path: str | None = None
+    sd_extra_args: str = ""
+    # remote lanes (docs/engines.md#remote-lanes): seconds between health checks of each remote
+    remote_check_s: float = 30.0
 
     def __post_init__(self) -> None:
         self._check()
@@ -117,6 +125,8 @@ class Settings:
                 raise SettingsError(f"{name} must be an http:// or https:// URL, got {value!r}")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
+        if self.remote_check_s <= 0:
+            raise SettingsError("remote_check_s must be a positive number of seconds")
         _check_security(self.allowed_hosts, self.cors_origins)
         for model, over in self.model_overrides.items():
             bad = sorted(set(over) - set(OVERRIDE_KEYS))
@@ -228,7 +238,14 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SettingsError(f"{origin}: {key} must be a list of strings")
             values[key] = tuple(value)
-        elif key in ("llama_server_path", "hf_endpoint", "hf_proxy", "hf_cache_dir"):
+        elif key in (
+            "llama_server_path",
+            "sd_server_path",
+            "engine_python",
+            "hf_endpoint",
+            "hf_proxy",
+            "hf_cache_dir",
+        ):
             if value is not None and not isinstance(value, str):
                 raise SettingsError(f"{origin}: {key} must be a string or null")
             values[key] = value

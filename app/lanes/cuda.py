@@ -9,6 +9,7 @@ bench/gpu_check.py starts both for real where one is present.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
 from app.formats.detect import detect_format
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo, Hardware
-from app.lanes.kind import find_binary, module_install
+from app.lanes.kind import engine_process_env, engine_python, find_binary, module_install
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import engine_env
 from app.library.model import ModelEntry
@@ -166,7 +167,10 @@ class _CudaKind:
 
     def install(self, settings: Settings) -> LaneInstall:
         return module_install(
-            self.lane, self.module, self.dist, hint=f"pip install {self.dist} (Linux with an NVIDIA GPU)"
+            self.lane,
+            self.module,
+            self.dist,
+            hint=f"switchyard engine install {self.lane} or pip install {self.dist} (Linux, NVIDIA GPU)",
         )
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
@@ -194,12 +198,14 @@ class _CudaKind:
         fmt = detect_format(entry.path)
         if not isinstance(fmt.facts, SafetensorsModel):
             raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
-        # the venv's own `vllm` first: the server's interpreter may not be on PATH
-        beside = Path(sys.executable).with_name("vllm")
-        exe = (
-            (str(beside) if beside.is_file() else find_binary("vllm", None)) if self.lane == "vllm" else None
-        )
-        return cuda_plan(
+        # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
+        engine = engine_python(self.lane, self.module, self.dist)
+        python = engine.python if engine and engine.managed else sys.executable
+        exe: str | None = python  # SGLang: python -m sglang.launch_server
+        if self.lane == "vllm":
+            beside = Path(python).with_name("vllm")
+            exe = str(beside) if beside.is_file() else find_binary("vllm", None)
+        plan = cuda_plan(
             fmt.facts,
             engine=self.lane,
             model_id=entry.id,
@@ -210,6 +216,7 @@ class _CudaKind:
             used=used,
             executable=exe,
         )
+        return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
 
 
 class VLLMKind(_CudaKind):

@@ -11,10 +11,7 @@ from app.lanes.kinds import engine_kinds
 from app.routing import LANES, LaneInstall
 
 # engines that are known to routing but have no lane module yet: how to see whether one is installed
-_PLANNED: dict[str, tuple[str, str] | str] = {
-    "mistral.rs": ("mistralrs", "mistralrs"),
-    "sd.cpp": "sd-server",
-}
+_PLANNED: dict[str, tuple[str, str] | str] = {}
 
 
 def installed_lanes(settings: Settings) -> dict[str, LaneInstall]:

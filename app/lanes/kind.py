@@ -11,13 +11,17 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.hardware.model import Hardware
+from app.lanes.engine_store import EngineStore
+from app.lanes.engine_venv import venv_env, worker_source
 from app.lanes.plan import LaunchPlan
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
@@ -77,11 +81,37 @@ def dist_version(dist: str) -> str | None:
         return None
 
 
-def module_install(lane: str, module: str, dist: str, *, hint: str) -> LaneInstall:
-    """A Python-packaged engine, importable by the server's interpreter (the workers run under it)."""
+@dataclass(frozen=True)
+class EnginePython:
+    """The interpreter a Python-packaged engine runs under, the engine's version there, and where it is."""
+
+    python: str
+    version: str | None
+    where: str  # "managed": its own environment (`switchyard engine install`); "app": Switchyard's own
+    venv: Path | None = None
+
+    @property
+    def managed(self) -> bool:
+        return self.where == "managed"
+
+
+def engine_python(lane: str, module: str, dist: str) -> EnginePython | None:
+    """The engine's own environment when one is installed, else this interpreter if it imports the engine."""
+    found = EngineStore.default().current(lane)
+    if found is not None:
+        return EnginePython(str(found.python), found.version, "managed", found.venv)
     if importlib.util.find_spec(module) is None:
+        return None
+    return EnginePython(sys.executable, dist_version(dist), "app")
+
+
+def module_install(lane: str, module: str, dist: str, *, hint: str) -> LaneInstall:
+    """A Python-packaged engine, in its own environment or importable by the server's interpreter."""
+    found = engine_python(lane, module, dist)
+    if found is None:
         return LaneInstall(lane, False, None, note=f"{dist} is not installed: {hint}")
-    return LaneInstall(lane, True, f"{dist} {dist_version(dist) or '(version unknown)'}")
+    note = f"in its own environment, {found.venv}" if found.managed else ""
+    return LaneInstall(lane, True, f"{dist} {found.version or '(version unknown)'}", note=note)
 
 
 def find_binary(name: str, configured: str | None) -> str | None:
@@ -92,6 +122,17 @@ def find_binary(name: str, configured: str | None) -> str | None:
     return shutil.which(name)
 
 
-def worker_argv(module: str, params_json: str, *, ppid: int) -> tuple[str, ...]:
-    """Our own worker process for an engine that is a Python library (no HTTP server of its own)."""
-    return (*module_argv(module), "--ppid", str(ppid), "--params", params_json)  # frozen-aware
+def worker_argv(
+    module: str, params_json: str, *, ppid: int, engine: EnginePython | None = None
+) -> tuple[str, ...]:
+    """Our own worker process for an engine that is a Python library (no HTTP server of its own): under the
+    engine's own environment when it has one, else this interpreter (or the frozen bundle's program)."""
+    head = (engine.python, "-m", module) if engine and engine.managed else module_argv(module)
+    return (*head, "--ppid", str(ppid), "--params", params_json)
+
+
+def engine_process_env(env: dict[str, str], engine: EnginePython | None, *, worker: bool) -> dict[str, str]:
+    """`env` for a process of the engine's own environment: our worker code on the path if it is ours."""
+    if engine is None or not engine.managed:
+        return env
+    return venv_env(env, pythonpath=worker_source(EngineStore.default().root) if worker else None)

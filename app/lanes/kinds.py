@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-from app.core.errors import EngineUnavailableError
+from app.core.errors import EngineUnavailableError, NoLaneForFormatError
 from app.core.settings import Settings
+from app.formats.detect import detect_format
 from app.hardware.model import Hardware
 from app.lanes.cuda import SGLangKind, VLLMKind
 from app.lanes.kind import EngineKind
 from app.lanes.llamacpp import LlamaCppKind
+from app.lanes.mistralrs import MistralRsKind
 from app.lanes.mlx import MLXKind
 from app.lanes.piper import PiperKind
+from app.lanes.sdcpp import SDCppKind
 from app.lanes.whisper import WhisperKind
 from app.library.model import ModelEntry
 from app.routing.engines import LANES, install_hint, title
+from app.routing.traits import traits_of, unroutable_reason
 
 
 def engine_kinds() -> dict[str, EngineKind]:
     """Fresh, stateless kind objects in the canonical lane order."""
     kinds: list[EngineKind] = [
         LlamaCppKind(),
+        MistralRsKind(),
         MLXKind(),
         VLLMKind(),
         SGLangKind(),
+        SDCppKind(),
         WhisperKind(),
         PiperKind(),
     ]
@@ -31,6 +37,16 @@ def engine_kinds() -> dict[str, EngineKind]:
 
 def kinds_for_format(fmt: str, kinds: dict[str, EngineKind]) -> list[EngineKind]:
     return [k for k in kinds.values() if fmt in k.formats]
+
+
+def _routed(entry: ModelEntry, found: list[EngineKind]) -> list[EngineKind]:
+    """The kinds routing lets run this safetensors folder, in routing's order: its quantization decides
+    (plain weights: vLLM, SGLang, MLX, mistral.rs; AWQ, GPTQ, FP8: SGLang, vLLM)."""
+    traits = traits_of(detect_format(entry.path))
+    if (why := unroutable_reason(traits)) is not None:
+        raise NoLaneForFormatError(f"model {entry.id!r} cannot run here: {why}", param="model")
+    order = {lane: i for i, lane in enumerate(traits.candidates)}
+    return sorted((k for k in found if k.lane in order), key=lambda k: order[k.lane])
 
 
 def choose_kind(
@@ -54,6 +70,8 @@ def choose_kind(
         candidates = [kind]
     else:
         candidates = kinds_for_format(entry.format, kinds)
+        if entry.format == "safetensors":  # one format, several lanes: which depends on the weights
+            candidates = _routed(entry, candidates)
     if not candidates:
         raise EngineUnavailableError(f"no lane runs {entry.format} models yet")
     why: list[str] = []

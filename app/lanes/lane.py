@@ -90,6 +90,19 @@ class Lane:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def served_name(self) -> str:
+        """The name the engine knows the model by (engines are started with the model id as alias)."""
+        return self.model_id
+
+    def auth_headers(self) -> dict[str, str]:
+        """Headers the gateway adds for this engine: none for a local one (a remote lane sends its key)."""
+        return {}
+
+    def broken(self, exc: BaseException | None = None) -> SwitchyardError:
+        """The error for a request whose connection to the engine broke (`exc`: how it broke)."""
+        return crashed_error(self)
+
     async def ensure_ready(self) -> None:
         if self.available:
             return

@@ -6,13 +6,9 @@ process) and a `llama-server` binary found on PATH or configured.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import json
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.errors import EngineUnavailableError, ModelTooLargeError
@@ -24,35 +20,15 @@ from app.formats.gguf_layout import read_gguf_layout
 from app.formats.gguf_meta import GGUFProblem
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
-from app.lanes.kind import dist_version
+from app.lanes.kind import EnginePython, engine_process_env, engine_python
+from app.lanes.kind import worker_argv as kind_worker_argv
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import engine_env
+from app.lanes.worker_params import LlamaParams
 from app.library.catalog import ModelEntry
 from app.routing.model import LaneInstall
 
 DEFAULT_SLOT_CTX = 4096
-
-
-@dataclass(frozen=True)
-class LlamaParams:
-    model_path: str
-    alias: str
-    ctx_size: int  # total across slots, as llama.cpp's -c
-    parallel: int
-    threads: int
-    kv_type: str
-    flash_attn: str
-    gpu_layers: int
-    embedding: bool
-    pooling: str | None
-    cache_ram_mib: int = 512
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> LlamaParams:
-        return cls(**json.loads(text))
 
 
 def requested_ctx(entry: ModelEntry, settings: Settings) -> tuple[int, bool]:
@@ -128,8 +104,13 @@ def find_llama_server(settings: Settings) -> str | None:
     return shutil.which("llama-server")
 
 
+def xllamacpp() -> EnginePython | None:
+    """xllamacpp in its own environment (`switchyard engine install llama.cpp`), else in this interpreter."""
+    return engine_python("llama.cpp", "xllamacpp", "xllamacpp")
+
+
 def xllamacpp_available() -> bool:
-    return importlib.util.find_spec("xllamacpp") is not None
+    return xllamacpp() is not None
 
 
 def choose_runtime(settings: Settings) -> str:
@@ -157,14 +138,9 @@ def choose_runtime(settings: Settings) -> str:
     )
 
 
-def worker_argv(params: LlamaParams, *, ppid: int) -> tuple[str, ...]:
-    return (
-        *module_argv("app.lanes.llamacpp_worker"),  # `python -m`, or the frozen bundle's own program
-        "--ppid",
-        str(ppid),
-        "--params",
-        params.to_json(),
-    )
+def worker_argv(params: LlamaParams, *, ppid: int, engine: EnginePython | None = None) -> tuple[str, ...]:
+    # the engine's own environment, else `python -m` or the frozen bundle's own program
+    return kind_worker_argv("app.lanes.llamacpp_worker", params.to_json(), ppid=ppid, engine=engine)
 
 
 def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int) -> tuple[str, ...]:
@@ -231,7 +207,10 @@ def build_plan(
     env = engine_env()
     env["PYTHONUNBUFFERED"] = "1"
     if runtime == "xllamacpp":
-        return LaunchPlan(runtime, worker_argv(params, ppid=ppid), env, "/health", None, params, fit)
+        engine = xllamacpp()
+        env = engine_process_env(env, engine, worker=True)
+        argv = worker_argv(params, ppid=ppid, engine=engine)
+        return LaunchPlan(runtime, argv, env, "/health", None, params, fit)
     binary = find_llama_server(settings)
     assert binary is not None
     argv = llama_server_argv(binary, params, port=free_port, ppid=ppid)
@@ -251,8 +230,10 @@ class LlamaCppKind:
             runtime = choose_runtime(settings)  # the choice a lane start makes, `runtime` setting included
         except EngineUnavailableError as exc:
             return LaneInstall(self.lane, False, None, note=exc.message)
-        if runtime == "xllamacpp":
-            return LaneInstall(self.lane, True, f"xllamacpp {dist_version('xllamacpp')}")
+        found = xllamacpp()
+        if runtime == "xllamacpp" and found is not None:
+            note = f"in its own environment, {found.venv}" if found.managed else ""
+            return LaneInstall(self.lane, True, f"xllamacpp {found.version}", note=note)
         return LaneInstall(self.lane, True, f"llama-server at {find_llama_server(settings)}")
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:

@@ -15,8 +15,8 @@ import sys
 import threading
 from typing import Any
 
-from app.lanes.llamacpp import LlamaParams
 from app.lanes.parentwatch import set_pdeathsig, watch_parent
+from app.lanes.worker_params import LlamaParams
 
 _KV = {
     "f32": "GGML_TYPE_F32",

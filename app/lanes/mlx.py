@@ -21,7 +21,7 @@ from app.core.errors import EngineUnavailableError
 from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.hardware.model import Hardware
-from app.lanes.kind import module_install
+from app.lanes.kind import EnginePython, engine_process_env, engine_python, module_install
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import engine_env
 from app.library.model import ModelEntry
@@ -60,7 +60,9 @@ class MLXKind:
 
     def install(self, settings: Settings) -> LaneInstall:
         hint = (
-            "pip install mlx-lm" if apple_silicon() else "pip install 'mlx[cpu]' mlx-lm (Linux, glibc 2.35+)"
+            "switchyard engine install mlx (or pip install mlx-lm)"
+            if apple_silicon()
+            else "switchyard engine install mlx (or pip install 'mlx[cpu]' mlx-lm; Linux, glibc 2.35+)"
         )
         found = module_install(self.lane, "mlx_lm", "mlx-lm", hint=hint)
         if found.installed and module_install(self.lane, "mlx", "mlx", hint=hint).installed is False:
@@ -87,7 +89,8 @@ class MLXKind:
         refusal = self.start_refusal(settings, hardware)
         if refusal:
             raise EngineUnavailableError(f"cannot start {entry.id!r} on MLX: {refusal}")
-        return mlx_plan(entry, settings, ppid=ppid, free_port=free_port)
+        engine = engine_python(self.lane, "mlx_lm", "mlx-lm")  # its own environment, if installed
+        return mlx_plan(entry, settings, ppid=ppid, free_port=free_port, engine=engine)
 
 
 def model_link(folder: Path, model_id: str, *, root: Path) -> Path:
@@ -101,7 +104,14 @@ def model_link(folder: Path, model_id: str, *, root: Path) -> Path:
     return link
 
 
-def mlx_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int) -> LaunchPlan:
+def mlx_plan(
+    entry: ModelEntry,
+    settings: Settings,
+    *,
+    ppid: int,
+    free_port: int,
+    engine: EnginePython | None = None,
+) -> LaunchPlan:
     """The command for an MLX folder (the install check is the kind's).
 
     mlx_lm.server treats a request's `model` as a model to load (a local path, else a hub repository) unless
@@ -121,7 +131,7 @@ def mlx_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int
         *module_argv("app.lanes.guard"),
         str(ppid),
         "--",
-        sys.executable,
+        engine.python if engine and engine.managed else sys.executable,
         "-m",
         "mlx_lm.server",
         "--model",
@@ -132,7 +142,7 @@ def mlx_plan(entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int
         str(free_port),
         *extra,
     )
-    env = engine_env()
+    env = engine_process_env(engine_env(), engine, worker=False)
     env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
     return LaunchPlan(
         "mlx-lm",

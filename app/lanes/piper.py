@@ -6,35 +6,19 @@ piper-tts ships a Flask server with its own request shape; our worker (piper_wor
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
 from app.hardware.model import Hardware
-from app.lanes.kind import module_install, worker_argv
+from app.lanes.kind import engine_process_env, engine_python, module_install, worker_argv
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import engine_env
+from app.lanes.worker_params import PiperParams
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
-INSTALL_HINT = "pip install 'piper-tts'"
-
-
-@dataclass(frozen=True)
-class PiperParams:
-    model_path: str
-    config_path: str
-    alias: str
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> PiperParams:
-        return cls(**json.loads(text))
+INSTALL_HINT = "switchyard engine install piper (or pip install piper-tts)"
 
 
 class PiperKind:
@@ -69,9 +53,10 @@ class PiperKind:
         onnx = entry.path
         config = onnx.with_name(onnx.name + ".json")
         params = PiperParams(model_path=str(onnx), config_path=str(config), alias=entry.id)
-        env = engine_env()
+        engine = engine_python(self.lane, "piper", "piper-tts")  # its own environment, if installed
+        env = engine_process_env(engine_env(), engine, worker=True)
         env["PYTHONUNBUFFERED"] = "1"
-        argv = worker_argv("app.lanes.piper_worker", params.to_json(), ppid=ppid)
+        argv = worker_argv("app.lanes.piper_worker", params.to_json(), ppid=ppid, engine=engine)
         return LaunchPlan(
             "piper-tts", argv, env, "/health", None, params, engine=self.lane, memory=self.memory
         )

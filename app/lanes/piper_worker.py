@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from app.lanes.piper import PiperParams
 from app.lanes.worker_http import error, guard_parent, log, serve
+from app.lanes.worker_params import PiperParams
 
 FORMATS = ("wav", "pcm")
 MAX_INPUT = 4096  # OpenAI's limit on `input`

@@ -24,6 +24,7 @@ BATCH_INTERVAL_S = 0.05  # well under what fills a pipe buffer at the engine's l
 # server's environment: PATH, locale, CUDA_VISIBLE_DEVICES, HF_HUB_OFFLINE ...).
 _SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SWITCHYARD_API_KEY")
 _SECRET_SUFFIXES = ("_TOKEN", "_API_KEY", "_SECRET", "_PASSWORD", "_PASSWD")
+_SECRET_PREFIXES = ("SWITCHYARD_REMOTE_KEY_",)  # remote lanes' keys (app/lanes/remote_store.py)
 
 
 def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -33,7 +34,7 @@ def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     for name in list(env):
         upper = name.upper()
-        if upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES):
+        if upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES) or upper.startswith(_SECRET_PREFIXES):
             del env[name]
         elif upper.endswith("_PROXY") and "@" in env[name]:
             del env[name]

@@ -7,36 +7,20 @@ download one).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
-from app.lanes.kind import module_install, worker_argv
+from app.lanes.kind import engine_process_env, engine_python, module_install, worker_argv
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import engine_env
+from app.lanes.worker_params import WhisperParams
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
-INSTALL_HINT = "pip install pywhispercpp"
-
-
-@dataclass(frozen=True)
-class WhisperParams:
-    model_path: str
-    alias: str
-    threads: int
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> WhisperParams:
-        return cls(**json.loads(text))
+INSTALL_HINT = "switchyard engine install whisper.cpp (or pip install pywhispercpp)"
 
 
 class WhisperKind:
@@ -71,9 +55,10 @@ class WhisperKind:
         params = WhisperParams(
             model_path=str(entry.path), alias=entry.id, threads=settings.threads or usable_cores()
         )
-        env = engine_env()
+        engine = engine_python(self.lane, "pywhispercpp", "pywhispercpp")  # its own environment, if installed
+        env = engine_process_env(engine_env(), engine, worker=True)
         env["PYTHONUNBUFFERED"] = "1"
-        argv = worker_argv("app.lanes.whisper_worker", params.to_json(), ppid=ppid)
+        argv = worker_argv("app.lanes.whisper_worker", params.to_json(), ppid=ppid, engine=engine)
         return LaunchPlan(
             "pywhispercpp", argv, env, "/health", None, params, engine=self.lane, memory=self.memory
         )

@@ -16,8 +16,8 @@ import numpy as np
 from aiohttp import web
 
 from app.lanes.audio import RATE, AudioError, decode
-from app.lanes.whisper import WhisperParams
 from app.lanes.worker_http import error, guard_parent, log, serve
+from app.lanes.worker_params import WhisperParams
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MAX_UPLOAD = 25 << 20  # OpenAI's limit

@@ -5,9 +5,9 @@ Face cache. GGUF headers are read once per (path, size, mtime) — in this proce
 through library.db — and a broken file is listed with its reason, never raised. Without a `library` the
 catalog works in memory only (tests of the formats, `explain PATH`).
 
-GGUF models, MLX folders, Piper voices and whisper ggml models are servable (`ok`, see
-model.LANE_FORMATS); other formats are listed with their format and kind, and `get()` refuses them with
-"no lane for format X yet".
+GGUF models, MLX and safetensors folders, Piper voices, whisper ggml models and diffusion models are
+servable (`ok`, see model.LANE_FORMATS); other formats are listed with their format and kind, and `get()`
+refuses them with "no lane for format X yet".
 `org/repo:QUANT` resolves to the HF cache GGUF of that repository with that quantization, and `org/repo`
 to its only GGUF model.
 """
@@ -127,6 +127,11 @@ class Catalog:
             )
         return self._entries.get(targets[0]) if targets else None
 
+    def find(self, model_id: str) -> ModelEntry | None:
+        """The entry for an id or alias as of the last scan, or None; no rescan (the gateway asks this
+        before trying a remote lane, on every request)."""
+        return self._lookup(model_id)
+
     def get(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
         """The entry for a servable model (an id or an alias); rescans once on a miss (a file may have just
         arrived). `allow_broken` returns a broken or not-yet-runnable entry instead of raising."""
@@ -148,7 +153,9 @@ class Catalog:
             raise NoLaneForFormatError(
                 f"model {model_id!r} is a {entry.format} model ({entry.kind}); "
                 f"no lane for format {entry.format} yet — GGUF models (llama.cpp), MLX folders, "
-                "Piper voices and whisper ggml models run today; use a GGUF build of this model",
+                "safetensors folders, Piper voices, whisper ggml models and diffusion models (sd.cpp) "
+                "run today; "
+                "use a GGUF build of this model",
                 param="model",
             )
         return entry

@@ -10,10 +10,16 @@ from app.formats.gguf_meta import GGUFFacts
 
 # where a model was found; `download`: in the HF cache and fetched by `switchyard pull`
 SOURCES = ("models_dir", "hf_cache", "import_copy", "import_link", "download")
-# formats some lane runs here (app/lanes); the others are listed with status `no_lane`. safetensors waits
-# for a machine where vLLM/SGLang can be tested end to end (bench/gpu_check.py)
-LANE_FORMATS = frozenset({"gguf", "piper", "whisper-ggml", "mlx"})
-_RUN_TODAY = "GGUF models, MLX folders, Piper voices and whisper ggml models"
+# formats some lane runs here (app/lanes); the others are listed with status `no_lane`. A safetensors
+# folder is servable: mistral.rs runs plain weights anywhere, vLLM/SGLang quantized ones on NVIDIA GPUs
+# (which of them can start here is the supervisor's question, answered with a 503 that says what to install)
+LANE_FORMATS = frozenset(
+    {"gguf", "piper", "whisper-ggml", "mlx", "safetensors", "diffusers", "gguf-diffusion"}
+)
+_RUN_TODAY = (
+    "GGUF models, MLX folders, safetensors folders, Piper voices, whisper ggml models and diffusion models "
+    "(sd.cpp)"
+)
 # sources whose files Switchyard may delete on `rm` without --delete-files (its own copies and the cache)
 OWNED_SOURCES = frozenset({"hf_cache", "download", "import_copy"})
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from app.formats.detect import ModelFormat, ModelKind, detect_format
+from app.formats.gguf_layout import DIFFUSION_ARCHS
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, split_part
 from app.hub.quant import parse_quant
 from app.library.model import FileInfo, ModelEntry, Origin
@@ -64,8 +65,11 @@ def gguf_entry(
     origin: Origin | None = None,
 ) -> ModelEntry:
     _, parts, problem = gguf_parts(path)
-    files = tuple(f for p in parts if (f := file_info(p, location, sha256=sha(p))) is not None)
     got = read(path)
+    if _maybe_diffusion(got) and (fmt := detect_format(path)).kind is ModelKind.GGUF_DIFFUSION:
+        # an image model in GGUF clothing: listed as such, so it is routed to sd.cpp, not llama.cpp
+        return other_entry(model_id, fmt, source=source, location=location, sha=sha, origin=origin)
+    files = tuple(f for p in parts if (f := file_info(p, location, sha256=sha(p))) is not None)
     facts = got if isinstance(got, GGUFFacts) and problem is None else None
     if isinstance(got, GGUFProblem):
         problem = got.reason
@@ -81,6 +85,14 @@ def gguf_entry(
         origin=origin,
         quant=parse_quant(path.name),
     )
+
+
+def _maybe_diffusion(got: GGUFFacts | GGUFProblem) -> bool:
+    """Whether a header read says "look closer": a diffusion architecture, or none at all (sd.cpp's own
+    conversions have no general.architecture). Only those pay for the tensor-name check."""
+    if isinstance(got, GGUFFacts):
+        return got.architecture in DIFFUSION_ARCHS
+    return "general.architecture" in got.reason
 
 
 def _tree_files(folder: Path, location: Path, sha: Callable[[Path], str | None]) -> tuple[FileInfo, ...]:

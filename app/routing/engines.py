@@ -46,13 +46,14 @@ _RUNS = {
 
 _INSTALL = {
     LLAMA_CPP: "`pip install xllamacpp`, or put llama-server on PATH",
-    MISTRAL_RS: "install mistral.rs (github.com/EricLBuehler/mistral.rs) and put its server on PATH",
-    MLX: "`pip install mlx-lm` (on Linux: `pip install mlx[cpu] mlx-lm`)",
-    VLLM: "`pip install vllm` (Linux with an NVIDIA GPU)",
-    SGLANG: "`pip install sglang` (Linux with an NVIDIA GPU)",
-    SD_CPP: "install stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put it on PATH",
-    WHISPER_CPP: "`pip install pywhispercpp`",
-    PIPER: "`pip install piper-tts`",
+    MISTRAL_RS: "`pip install mistralrs` (mistralrs-cuda or mistralrs-metal for a GPU)",
+    MLX: "`switchyard engine install mlx` (or `pip install mlx-lm`; on Linux `pip install mlx[cpu] mlx-lm`)",
+    VLLM: "`switchyard engine install vllm` or `pip install vllm` (Linux with an NVIDIA GPU)",
+    SGLANG: "`switchyard engine install sglang` or `pip install sglang` (Linux with an NVIDIA GPU)",
+    SD_CPP: "build stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put sd-server on PATH "
+    "(or set sd_server_path)",
+    WHISPER_CPP: "`switchyard engine install whisper.cpp` (or `pip install pywhispercpp`)",
+    PIPER: "`switchyard engine install piper` (or `pip install piper-tts`)",
 }
 
 

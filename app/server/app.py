@@ -28,11 +28,13 @@ from app.server import (
     routes_anthropic,
     routes_audio,
     routes_downloads,
+    routes_engines,
     routes_hub,
     routes_images,
     routes_library,
     routes_ollama,
     routes_openai,
+    routes_remotes,
     routes_responses,
 )
 from app.server.keys import RUNTIME
@@ -78,8 +80,10 @@ def make_app(runtime: Runtime) -> web.Application:
     app.cleanup_ctx.append(metrics.download_counter(stats, runtime.bus))
     app.add_routes(routes_admin.routes)
     app.add_routes(routes_downloads.routes)
+    app.add_routes(routes_engines.routes)
     routes_hub.setup(app)
     app.add_routes(routes_library.routes)
+    app.add_routes(routes_remotes.routes)
     app.add_routes(routes_openai.routes)
     app.add_routes(routes_audio.routes)
     app.add_routes(routes_images.routes)

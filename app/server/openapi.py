@@ -38,9 +38,11 @@ _TAGS = {
     "routes_anthropic": "Anthropic",
     "routes_ollama": "Ollama",
     "routes_admin": "Admin",
+    "routes_remotes": "Admin",
     "routes_library": "Library",
     "routes_hub": "Hub",
     "routes_downloads": "Downloads",
+    "routes_engines": "Engines",
     "auth": "Admin",
     "metrics": "Observability",
     "openapi": "Observability",
@@ -76,7 +78,14 @@ SUMMARIES = {
     ("POST", "/api/keys"): "Create an API key",
     ("DELETE", "/api/keys/{name}"): "Revoke an API key",
 }
-_NO_BODY = {("POST", "/api/models/{model_id}/load"), ("POST", "/api/models/{model_id}/unload")}
+_NO_BODY = {
+    ("POST", "/api/models/{model_id}/load"),
+    ("POST", "/api/models/{model_id}/unload"),
+    ("POST", "/api/remotes/{name}/check"),
+    ("POST", "/api/engines/update"),
+    ("POST", "/api/engines/{engine}/update"),
+    ("POST", "/api/engines/{engine}/rollback"),
+}
 _QUERY = {
     ("GET", "/api/lanes/{lane_id}/logs"): [
         {
@@ -133,7 +142,7 @@ SCHEMAS: dict[str, Any] = {
                     "type": {"type": "string", "description": "An OpenAI error type."},
                     "param": {"type": ["string", "null"], "description": "The offending request field."},
                     "code": {"type": ["string", "null"], "description": "Stable, for programs."},
-                    "source": {"type": "string", "enum": ["gateway", "engine"]},
+                    "source": {"type": "string", "enum": ["gateway", "engine", "remote"]},
                 },
             }
         },
@@ -360,6 +369,36 @@ SCHEMAS: dict[str, Any] = {
             "usage": _USAGE,
         },
     },
+    "ImageRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string", "description": "An image model id from GET /v1/models."},
+            "prompt": {"type": "string"},
+            "n": {"type": "integer", "minimum": 1, "maximum": 10},
+            "size": {"type": "string", "description": "WIDTHxHEIGHT (64 to 4096 each), or auto."},
+            "response_format": {"type": "string", "enum": ["b64_json"]},
+            "output_format": {"type": "string", "enum": ["png", "jpeg", "webp"]},
+            "output_compression": {"type": "integer", "minimum": 0, "maximum": 100},
+            "steps": {"type": "integer", "description": "Extension: sampling steps (1 to 150)."},
+            "cfg_scale": {"type": "number", "description": "Extension: classifier-free guidance scale."},
+            "seed": {"type": "integer", "description": "Extension: -1 for a random seed."},
+            "negative_prompt": {"type": "string", "description": "Extension: what not to draw."},
+            "sampler": {"type": "string", "description": "Extension: sd.cpp's sample method (euler_a, ...)."},
+        },
+    },
+    "ImagesResponse": {
+        "type": "object",
+        "required": ["created", "data"],
+        "properties": {
+            "created": {"type": "integer"},
+            "data": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"b64_json": {"type": "string"}}},
+            },
+            "output_format": {"type": "string"},
+        },
+    },
 }
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 _OPENAI: dict[tuple[str, str], tuple[str | None, dict[str, Any]]] = {
@@ -380,10 +419,12 @@ _OPENAI: dict[tuple[str, str], tuple[str | None, dict[str, Any]]] = {
         },
     ),
     ("POST", "/v1/embeddings"): ("EmbeddingRequest", _json(_ref("EmbeddingList"))),
+    ("POST", "/v1/images/generations"): ("ImageRequest", _json(_ref("ImagesResponse"))),
 }
 _TEXT_ANSWERS = {
     ("GET", "/metrics"): {"text/plain": {"schema": {"type": "string"}}},
     ("GET", "/api/events"): _SSE,
+    ("GET", "/api/engines/events"): _SSE,
 }
 
 

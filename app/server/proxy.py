@@ -20,10 +20,12 @@ from aiohttp import web
 
 from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane, crashed_error
+from app.lanes.remote import RemoteLane
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
-from app.server.translate_engine import pin_named_tool_choice
+from app.server.remote_proxy import forward_remote, remote_for
+from app.server.translate_engine import pin_named_tool_choice, rewrap_error
 from app.server.validate import check, parse_body
 
 log = logging.getLogger("switchyard.proxy")
@@ -54,6 +56,9 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     if route == "chat" and (pinned := pin_named_tool_choice(body)) is not None:
         raw = json.dumps(pinned).encode()  # the one rewrite: llama.cpp would drop a named tool_choice
     rt = request.app[RUNTIME]
+    if (remote := remote_for(request, model)) is not None:  # NAME/MODEL on a registered remote
+        cap = _CAPABILITY_FOR_ROUTE[route]
+        return await forward_remote(request, remote, capability=cap, path=path, body=body)
     entry = rt.catalog.get(model)
     if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
         if entry.kind != _KIND_FOR_ROUTE[route]:
@@ -158,35 +163,7 @@ def _keep_header(name: str) -> bool:
 
 
 def _engine_error(status: int, data: bytes, model: str) -> web.Response:
-    """Re-wrap an engine's error answer in our envelope, keeping its message and status."""
-    message, etype, code = (
-        data.decode("utf-8", "replace").strip() or f"engine answered HTTP {status}",
-        None,
-        None,
-    )
-    try:
-        err = json.loads(data).get("error")
-        if isinstance(err, dict):
-            message = str(err.get("message") or message)
-            etype, code = err.get("type"), err.get("code")
-        elif isinstance(err, str):
-            message = err
-    except (ValueError, AttributeError):
-        pass
-    body = {
-        "error": {
-            "message": f"the engine for {model!r} refused the request: {message}",
-            "type": etype
-            if isinstance(etype, str)
-            else "invalid_request_error"
-            if status < 500
-            else "engine_error",
-            "param": None,
-            "code": code if isinstance(code, str) else f"engine_http_{status}",
-            "source": "engine",
-        }
-    }
-    return web.json_response(body, status=status)
+    return rewrap_error(status, data, who=f"the engine for {model!r}", source="engine")
 
 
 def sse_response(status: int = 200) -> web.StreamResponse:
@@ -260,8 +237,21 @@ async def _wait_loading(request: web.Request, supervisor: Any, model: str) -> we
     return resp
 
 
+_DONE = b"data: [DONE]\n\n"
+
+
+def _mark_sent(request: web.Request, resp: web.StreamResponse, tail: bytes) -> None:
+    """Record a stream as answered in full, with the usage its last events carry (for /metrics)."""
+    if (usage := usage_from(tail)) is not None:
+        request[USAGE] = usage
+    request[SENT_STATUS] = resp.status
+
+
 async def _stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, lane: Lane, resp: web.StreamResponse | None = None
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    lane: Lane | RemoteLane,
+    resp: web.StreamResponse | None = None,
 ) -> web.StreamResponse:
     if resp is None:
         resp = sse_response(upstream.status)
@@ -273,23 +263,27 @@ async def _stream(
         if last := await upstream.content.readany():
             await resp.write(last)
             request[FIRST_BYTE] = time.perf_counter()
+            if last.endswith(_DONE):
+                _mark_sent(request, resp, last)
         async for chunk in upstream.content.iter_any():
             await resp.write(chunk)
             prev, last = last, chunk  # the usage is in the last events: keep two chunks, parse none
+            if chunk.endswith(_DONE):
+                # the answer is whole once its terminal event is out: a client that hangs up now, while
+                # the engine is still closing its side, has read everything (counted 200, not 499)
+                _mark_sent(request, resp, prev + last)
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.info("client went away mid-stream; closing the upstream request")
         return resp
     except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError):
         await asyncio.sleep(0.05)
-        err = crashed_error(lane)
+        err = lane.broken()
         try:
             await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
         return resp
-    if (usage := usage_from(prev + last)) is not None:
-        request[USAGE] = usage
-    request[SENT_STATUS] = resp.status
+    _mark_sent(request, resp, prev + last)
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

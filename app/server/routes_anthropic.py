@@ -23,6 +23,7 @@ from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
+from app.server.remote_proxy import refuse_remote
 from app.server.translate_anthropic import MessagesCall, MessageTranslator, error_body, sse, to_openai
 from app.server.translate_engine import (
     count_prompt_tokens,
@@ -66,6 +67,7 @@ async def _parse(request: web.Request, *, for_count: bool) -> tuple[Runtime, Mes
     request["model"] = call.model
     pin_named_tool_choice(call.openai)  # a tool_choice naming an unknown tool is refused before a start
     rt = request.app[RUNTIME]
+    refuse_remote(request, call.model, surface="Anthropic Messages API")
     if rt.catalog.get(call.model).kind != "chat":
         raise BadRequestError(
             f"model {call.model!r} is an embedding model; the Messages API needs a chat model "

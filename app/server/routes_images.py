@@ -1,13 +1,17 @@
-"""`POST /v1/images/generations`, routed by `model`. No image lane runs here yet (stable-diffusion.cpp is
-planned); the route answers what the model's lane cannot do, so clients get a clear 400 or 422 today and
-the same route works once the lane lands."""
+"""`POST /v1/images/generations`, routed by `model` to the stable-diffusion.cpp lane (or a remote).
+
+The request is checked here once (prompt, n, size, response_format, and the extras steps, cfg_scale, seed,
+negative_prompt, sampler); sd-server gets it in the shape it reads (app/server/translate_images.py), a
+remote model gets the client's body as it came. A model whose lane cannot draw gets `400
+capability_missing` naming the lanes and models that can.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from app.core.errors import BadRequestError
-from app.server.lane_call import call_lane, need_model
+from app.server.lane_call import EngineShape, call_lane, need_model
+from app.server.translate_images import from_sdcpp, parse_image_request, to_sdcpp
 from app.server.validate import parse_body
 
 routes = web.RouteTableDef()
@@ -15,12 +19,17 @@ routes = web.RouteTableDef()
 
 @routes.post("/v1/images/generations")
 async def generations(request: web.Request) -> web.Response:
-    """Image generation, routed by model (no image lane runs yet: the answer says why)"""
+    """Image generation (stable-diffusion.cpp), routed by model; answers b64_json images"""
     raw = await request.read()
     body = parse_body(raw)
     model = need_model(body.get("model"))
-    if not isinstance(body.get("prompt"), str) or not body["prompt"].strip():
-        raise BadRequestError("missing required field 'prompt' (what to draw)", param="prompt")
+    req = parse_image_request(body, model=model)
+    shape = EngineShape(
+        engine="sd.cpp",
+        body=to_sdcpp(req),
+        content_type="application/json",
+        answer=lambda status, data: from_sdcpp(status, data, model=model),
+    )
     return await call_lane(
         request,
         model=model,
@@ -28,4 +37,5 @@ async def generations(request: web.Request) -> web.Response:
         path="/v1/images/generations",
         body=raw,
         content_type="application/json",
+        shape=shape,
     )

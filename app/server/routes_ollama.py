@@ -20,13 +20,15 @@ import aiohttp
 from aiohttp import web
 
 from app.core.errors import BadRequestError, ModelNotFoundError, SwitchyardError
-from app.lanes.lane import Lane, LaneState
+from app.lanes.lane import LaneState
+from app.lanes.remote import AnyLane, RemoteLane
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, wait_loading
+from app.server.remote_proxy import remote_for
 from app.server.translate_engine import has_vision, post, post_json, sse_chunks
 from app.server.translate_ollama import (
     OllamaCall,
@@ -40,6 +42,7 @@ from app.server.translate_ollama import (
     now_iso,
     ollama_name,
     parse_keep_alive,
+    remote_tag,
     require_model,
     running,
     shorten,
@@ -86,6 +89,14 @@ def resolve(rt: Runtime, name: str) -> ModelEntry:
     raise ModelNotFoundError(f"model {name!r} not found; available models: {known}", param="model")
 
 
+def _remote(request: web.Request, name: str) -> RemoteLane | None:
+    """The remote lane an Ollama name (`home/tiny` or `home/tiny:latest`) names, if any."""
+    for mid in candidate_ids(name):
+        if (lane := remote_for(request, mid)) is not None:
+            return lane
+    return None
+
+
 def _chat_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
     entry = resolve(rt, name)
     request["model"] = entry.id
@@ -125,6 +136,9 @@ async def tags(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     # Ollama lists language and embedding models only: voices and speech-to-text models are not for it
     listed = [tag(e) for e in rt.catalog.scan() if e.ok and e.kind in ("chat", "embedding")]
+    local = {t["name"] for t in listed}
+    remote = [remote_tag(m) for m in rt.remotes.listing() if m["kind"] in ("chat", "embedding")]
+    listed += [t for t in remote if t["name"] not in local]
     return web.json_response({"models": listed})
 
 
@@ -177,6 +191,10 @@ async def _load_or_unload(
     else:
         await rt.supervisor.load(entry.id)
         reason = "load"
+    return _loaded(call, kind, reason)
+
+
+def _loaded(call: OllamaCall, kind: str, reason: str) -> web.Response:
     out: dict[str, Any] = {"model": call.model, "created_at": now_iso(), "done": True, "done_reason": reason}
     if kind == "chat":
         out["message"] = {"role": "assistant", "content": ""}
@@ -185,10 +203,33 @@ async def _load_or_unload(
     return web.json_response(out)
 
 
+async def _run_remote(
+    request: web.Request, lane: RemoteLane, call: OllamaCall, *, kind: str, started: float, empty: bool
+) -> web.StreamResponse:
+    """Chat or generate on a remote model: the same translation, sent to the remote with its key."""
+    request["model"] = lane.model_id
+    if (missing := lane.capability_error("chat")) is not None:
+        raise missing
+    if empty:
+        return _loaded(call, kind, "load")  # nothing of ours to load: the remote holds its models
+    headers = _notes(call.ignored, call.keep_alive)
+    tr = OllamaTranslator(model=call.model, kind=kind, started=started)
+    rt = request.app[RUNTIME]
+    async with rt.remotes.use(lane):
+        upstream = await post(rt.remotes.http, lane, call.path, call.openai)
+        resp = await _relay(request, lane, upstream, call, tr, headers, None)
+    prompt, completion = tr.usage.get("prompt_tokens"), tr.usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        request[USAGE] = (prompt, completion)
+    return resp
+
+
 async def _run(
     request: web.Request, call: OllamaCall, *, kind: str, started: float, empty: bool
 ) -> web.StreamResponse:
     rt = request.app[RUNTIME]
+    if (remote := _remote(request, call.model)) is not None:
+        return await _run_remote(request, remote, call, kind=kind, started=started, empty=empty)
     entry = _chat_entry(rt, call.model, request)
     if empty:
         return await _load_or_unload(request, rt, entry, call, kind)
@@ -254,23 +295,36 @@ async def _answer(
             route = "chat" if call.path == "/v1/chat/completions" else "completions"
             await check_prompt(http, lane, body, body_bytes=size, route=route)
         upstream = await post(http, lane, call.path, body)
-        try:
-            if call.stream:
-                return await _stream(request, lane, upstream, tr, headers, resp)
-            async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
-                async for chunk in chunks:
-                    tr.feed(chunk)
-            answer = web.json_response(tr.whole(), headers=headers)
-            await answer.prepare(request)  # answer first; an unload below must not delay it
-            await answer.write_eof()
-            return answer
-        finally:
-            upstream.close()
+        return await _relay(request, lane, upstream, call, tr, headers, resp)
+
+
+async def _relay(
+    request: web.Request,
+    lane: AnyLane,
+    upstream: aiohttp.ClientResponse,
+    call: OllamaCall,
+    tr: OllamaTranslator,
+    headers: dict[str, str],
+    resp: web.StreamResponse | None,
+) -> web.StreamResponse:
+    """The engine's OpenAI answer, translated to Ollama's: streamed as NDJSON, or whole."""
+    try:
+        if call.stream:
+            return await _stream(request, lane, upstream, tr, headers, resp)
+        async with contextlib.aclosing(sse_chunks(upstream, lane)) as chunks:
+            async for chunk in chunks:
+                tr.feed(chunk)
+        answer = web.json_response(tr.whole(), headers=headers)
+        await answer.prepare(request)  # answer first; an unload below must not delay it
+        await answer.write_eof()
+        return answer
+    finally:
+        upstream.close()
 
 
 async def _stream(
     request: web.Request,
-    lane: Lane,
+    lane: AnyLane,
     upstream: aiohttp.ClientResponse,
     tr: OllamaTranslator,
     headers: dict[str, str],
@@ -296,7 +350,12 @@ async def _stream(
 
 
 # ---- embeddings ----------------------------------------------------------------------------------
-def _embed_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
+def _embed_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry | RemoteLane:
+    if (remote := _remote(request, name)) is not None:
+        request["model"] = remote.model_id
+        if (missing := remote.capability_error("embeddings")) is not None:
+            raise missing
+        return remote
     entry = resolve(rt, name)
     request["model"] = entry.id
     if entry.kind != "embedding":
@@ -309,16 +368,21 @@ def _embed_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
 
 
 async def _embed_vectors(
-    rt: Runtime, entry: ModelEntry, inputs: list[str], *, normalize: bool
+    rt: Runtime, entry: ModelEntry | RemoteLane, inputs: list[str], *, normalize: bool
 ) -> tuple[list[list[float]], int | None, float]:
     """(vectors in input order, prompt tokens, seconds spent waiting for the lane)."""
     body: dict[str, Any] = {"model": entry.id, "input": inputs, "encoding_format": "float"}
     if not normalize:
         body["embd_normalize"] = -1  # llama.cpp: raw vectors, as Ollama's legacy endpoint returns
     t_load = time.perf_counter()
-    async with rt.supervisor.use(entry.id) as lane:
-        load_s = time.perf_counter() - t_load
-        data = await post_json(rt.supervisor.http, lane, "/v1/embeddings", body)
+    if isinstance(entry, RemoteLane):
+        async with rt.remotes.use(entry) as remote:
+            data = await post_json(rt.remotes.http, remote, "/v1/embeddings", body)
+            load_s = 0.0
+    else:
+        async with rt.supervisor.use(entry.id) as lane:
+            load_s = time.perf_counter() - t_load
+            data = await post_json(rt.supervisor.http, lane, "/v1/embeddings", body)
     rows = sorted(data.get("data") or [], key=lambda d: d.get("index", 0))
     usage = data.get("usage") or {}
     tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None

@@ -31,13 +31,35 @@ async def list_models(request: web.Request) -> web.Response:
                 "state": str(lane.state) if lane else "stopped",
             }
         )
+    local = {d["id"] for d in data}
+    for m in rt.remotes.listing():  # NAME/MODEL of each remote; a local model of the same id wins
+        if m["id"] not in local:
+            data.append(_remote_model(m))
     return web.json_response({"object": "list", "data": data})
+
+
+def _remote_model(m: dict[str, str]) -> dict[str, object]:
+    return {
+        "id": m["id"],
+        "object": "model",
+        "created": 0,
+        "owned_by": f"remote:{m['remote']}",
+        "kind": m["kind"],
+        "loaded": m["state"] == "ready",
+        "state": m["state"],
+        "remote": m["remote"],
+    }
 
 
 @routes.get("/v1/models/{model_id:.+}")
 async def get_model(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    e = rt.catalog.get(request.match_info["model_id"])
+    mid = request.match_info["model_id"]
+    if rt.catalog.find(mid) is None and rt.remotes.resolve(mid) is not None:
+        for m in rt.remotes.listing():
+            if m["id"] == mid:
+                return web.json_response(_remote_model(m))
+    e = rt.catalog.get(mid)
     return web.json_response(
         {
             "id": e.id,

@@ -22,6 +22,7 @@ from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
+from app.server.remote_proxy import refuse_remote
 from app.server.translate_engine import post, sse_chunks
 from app.server.translate_responses import ResponsesCall, ResponseTranslator, sse, to_chat
 from app.server.validate import parse_body
@@ -36,6 +37,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = to_chat(parse_body(raw))
     request["model"] = call.model
     rt = request.app[RUNTIME]
+    refuse_remote(request, call.model, surface="Responses API")
     if rt.catalog.get(call.model).kind != "chat":
         raise BadRequestError(
             f"model {call.model!r} is an embedding model; the Responses API needs a chat model "

@@ -13,9 +13,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from app.core.errors import BadRequestError, SwitchyardError
-from app.lanes.lane import Lane, crashed_error
+from app.lanes.lane import Lane
+from app.lanes.remote import AnyLane, RemoteLane
 
 log = logging.getLogger("switchyard.translate")
 _NO_TOTAL = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -49,13 +51,46 @@ def refusal(status: int, data: bytes, model: str) -> EngineRefusedError:
     return EngineRefusedError(f"the engine for {model!r} refused the request: {message}", status=status)
 
 
+def rewrap_error(status: int, data: bytes, *, who: str, source: str) -> web.Response:
+    """Re-wrap an upstream error answer in our envelope, keeping its message, type, code and status.
+
+    `who` opens the message ("the engine for 'tiny'"); `source` ("engine", "remote") says who failed."""
+    message, etype, code = data.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}", None, None
+    try:
+        err = json.loads(data).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            etype, code = err.get("type"), err.get("code")
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    if not isinstance(etype, str):
+        # the engine's own 5xx is an engine_error; a remote's is a server error on its side
+        server_side = "engine_error" if source == "engine" else "server_error"
+        etype = "invalid_request_error" if status < 500 else server_side
+    body = {
+        "error": {
+            "message": f"{who} refused the request: {message}",
+            "type": etype,
+            "param": None,
+            "code": code if isinstance(code, str) else f"{source}_http_{status}",
+            "source": source,
+        }
+    }
+    return web.json_response(body, status=status)
+
+
 async def post(
-    http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]
+    http: aiohttp.ClientSession, lane: AnyLane, path: str, body: dict[str, Any]
 ) -> aiohttp.ClientResponse:
-    """POST `body` to the lane; an error status is raised as EngineRefusedError (the answer is closed)."""
+    """POST `body` to the lane (a remote one gets its own model name and key); an error status is raised
+    as EngineRefusedError (the answer is closed)."""
     # llama.cpp closes the connection after a streamed answer; once the stream is read to its end the
     # pool would keep that socket and hand it, dead, to the next request: ask for close instead
-    headers = {"Connection": "close"} if body.get("stream") is True else None
+    headers = {"Connection": "close"} if body.get("stream") is True else {}
+    headers.update(lane.auth_headers())
+    body = {**body, "model": lane.served_name}
     for attempt in range(2):
         try:
             upstream = await http.post(lane.base_url + path, json=body, headers=headers, timeout=_NO_TOTAL)
@@ -67,28 +102,30 @@ async def post(
                 await asyncio.sleep(0.01)
                 continue
             await asyncio.sleep(0.05)  # let the lane see the exit so the error names it
-            raise crashed_error(lane) from exc
+            raise lane.broken(exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             await asyncio.sleep(0.05)
-            raise crashed_error(lane) from exc
+            raise lane.broken(exc) from exc
     if upstream.status >= 400:
         try:
             data = await upstream.read()
         except (aiohttp.ClientError, OSError) as exc:
-            raise crashed_error(lane) from exc
+            raise lane.broken(exc) from exc
         finally:
             upstream.close()
+        if isinstance(lane, RemoteLane) and upstream.status in (401, 403):
+            raise lane.remote.auth_failed(upstream.status)  # our key for it, not the client's, was refused
         raise refusal(upstream.status, data, lane.model_id)
     return upstream
 
 
-async def post_json(http: aiohttp.ClientSession, lane: Lane, path: str, body: dict[str, Any]) -> Any:
+async def post_json(http: aiohttp.ClientSession, lane: AnyLane, path: str, body: dict[str, Any]) -> Any:
     upstream = await post(http, lane, path, body)
     try:
         data = await upstream.read()
     except (aiohttp.ClientError, OSError) as exc:
         await asyncio.sleep(0.05)
-        raise crashed_error(lane) from exc
+        raise lane.broken(exc) from exc
     finally:
         upstream.close()
     try:
@@ -99,7 +136,7 @@ async def post_json(http: aiohttp.ClientSession, lane: Lane, path: str, body: di
         ) from exc
 
 
-async def sse_chunks(upstream: aiohttp.ClientResponse, lane: Lane) -> AsyncGenerator[dict[str, Any], None]:
+async def sse_chunks(upstream: aiohttp.ClientResponse, lane: AnyLane) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON objects of an OpenAI event stream, one per `data:` line, until `[DONE]`.
 
     A broken connection is the lane's crash; an `{"error": ...}` event is the engine's refusal."""
@@ -128,7 +165,7 @@ async def sse_chunks(upstream: aiohttp.ClientResponse, lane: Lane) -> AsyncGener
                     yield obj
     except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
         await asyncio.sleep(0.05)
-        raise crashed_error(lane) from exc
+        raise lane.broken(exc) from exc
 
 
 async def has_vision(http: aiohttp.ClientSession, lane: Lane) -> bool:

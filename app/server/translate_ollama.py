@@ -506,6 +506,26 @@ def tag(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
+def remote_tag(m: dict[str, str]) -> dict[str, Any]:
+    """An /api/tags row for a remote model (`NAME/MODEL`): no file here, so no size and no mtime."""
+    name = ollama_name(m["id"])
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": "1970-01-01T00:00:00Z",
+        "size": 0,
+        "digest": hashlib.sha256(f"remote:{m['id']}".encode()).hexdigest(),
+        "details": {
+            "parent_model": "",
+            "format": "remote",
+            "family": "",
+            "families": None,
+            "parameter_size": "",
+            "quantization_level": "",
+        },
+    }
+
+
 def running(entry: ModelEntry, snapshot: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
     """An /api/ps row from a ready lane's snapshot: measured memory where the engine reported it."""
     measured, predicted = snapshot.get("measured"), snapshot.get("predicted")

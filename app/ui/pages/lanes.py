@@ -1,4 +1,5 @@
-"""Lanes: every lane's state, model, pid, port, memory and uptime, its live log, Restart/Stop."""
+"""Lanes: every lane's state, model, pid, port, memory and uptime, its live log, Restart/Stop; and the
+engines, with their versions and Install / Update / Rollback (app/ui/engines_view.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTableWidgetItem
 
-from app.lanes.installed import installed_lanes
 from app.ui import fmt
+from app.ui.engines_view import EnginesPanel
 from app.ui.pages import Page, table
 
 
@@ -30,8 +31,7 @@ class LanesPage(Page):
         self.restart_btn.clicked.connect(self.restart)
         self.stop_btn = QPushButton("Stop")
         self.stop_btn.clicked.connect(self.stop)
-        self.engines = QLabel()
-        row.addWidget(self.engines, 1)
+        row.addStretch(1)
         row.addWidget(self.restart_btn)
         row.addWidget(self.stop_btn)
         self.root.addLayout(row)
@@ -39,21 +39,14 @@ class LanesPage(Page):
         self.root.addWidget(self.table, 2)
         self.empty = QLabel("No lanes yet: load a model on the Library page, or send a chat message.")
         self.root.addWidget(self.empty)
+        self.engines = EnginesPanel(desk, report=self.report)
+        self.root.addWidget(self.engines, 1)
         self.root.addWidget(QLabel("<b>Log of the selected lane</b>"))
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.log.setPlaceholderText("Select a lane to see its engine's output.")
         self.root.addWidget(self.log, 1)
-        try:
-            names = [
-                f"{k} {v.version or ''}".strip()
-                for k, v in installed_lanes(desk.runtime.settings).items()
-                if v.installed
-            ]
-        except Exception:  # a broken engine install must not break the page
-            names = []
-        self.engines.setText("Installed engines: " + (", ".join(names) or "none found"))
         self.ids: list[str] = []
         desk.bridge.received.connect(self._on_event)
         self.refresh()

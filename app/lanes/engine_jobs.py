@@ -1,0 +1,148 @@
+"""Engine installs as background jobs of a running server (or the desktop): one per engine at a time.
+
+The admin API and the Lanes page start a job and return at once; progress arrives as `engine.*` events
+on the bus (`engine.started`, `engine.progress` per pip line, `engine.done` or `engine.failed`). Jobs are
+kept in memory only: a server restarted mid-install finds the new folder unrecorded, and the next install
+deletes it (app/lanes/engine_install.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from app.core.errors import EngineBusyError, SwitchyardError
+from app.core.events import EventBus
+from app.core.settings import Settings
+from app.lanes import engine_install
+from app.lanes.engine_store import EngineStore, load_manifest, spec_for
+
+KEEP_LINES = 200
+KEEP_JOBS = 20
+
+
+@dataclass
+class EngineJob:
+    id: str
+    engine: str
+    action: str  # install | update
+    version: str | None  # asked for; None: the pin or the manifest's
+    state: str = "running"  # running | done | failed
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "engine": self.engine,
+            "action": self.action,
+            "version": self.version,
+            "state": self.state,
+            "error": self.error,
+            "result": self.result,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "tail": list(self.lines)[-20:],
+        }
+
+
+class EngineJobs:
+    """Owned by the Runtime: started jobs, cancelled when it closes."""
+
+    def __init__(self, *, bus: EventBus, settings: Settings, store: EngineStore | None = None) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.store = store or EngineStore.default()
+        self._jobs: dict[str, EngineJob] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ids = itertools.count(1)
+
+    def start(self, engine: str, *, version: str | None = None, action: str = "install") -> EngineJob:
+        """Start installing; EngineBusyError if this engine already has a running job."""
+        spec_for(engine)
+        if any(j.engine == engine and j.state == "running" for j in self._jobs.values()):
+            raise EngineBusyError(f"{engine} is already being installed; follow GET /api/engines/events")
+        job = EngineJob(id=f"eng-{next(self._ids)}", engine=engine, action=action, version=version)
+        self._jobs[job.id] = job
+        self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"engine {engine}")
+        self._forget_old()
+        return job
+
+    def update_all(self) -> list[EngineJob]:
+        """An update job per engine that has an environment of its own and is behind its target."""
+        jobs = []
+        for lane, spec in load_manifest().items():
+            with contextlib.suppress(SwitchyardError):
+                state = self.store.read(lane)
+                if state.current is None:
+                    continue
+                if state.current.version != engine_install.target_version(spec, state, None):
+                    jobs.append(self.start(lane, action="update"))
+        return jobs
+
+    async def _run(self, job: EngineJob) -> None:
+        try:
+            result = await engine_install.install(
+                job.engine,
+                store=self.store,
+                bus=self.bus,
+                version=job.version,
+                engine_python=self.settings.engine_python,
+                job=job.id,
+                on_line=job.lines.append,
+            )
+        except SwitchyardError as exc:
+            job.state, job.error = "failed", exc.message
+            self.bus.publish("engine.failed", id=job.id, engine=job.engine, error=exc.message, code=exc.code)
+        except asyncio.CancelledError:
+            job.state, job.error = "failed", "cancelled: the server stopped"
+            raise
+        except Exception as exc:  # a job never dies silently: it says what went wrong
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.bus.publish("engine.failed", id=job.id, engine=job.engine, error=job.error, code="internal")
+        else:
+            job.state, job.result = "done", result.public()
+            self.bus.publish("engine.done", id=job.id, **result.public())
+        finally:
+            job.finished_at = time.time()
+            self._tasks.pop(job.id, None)
+
+    def get(self, job_id: str) -> EngineJob | None:
+        return self._jobs.get(job_id)
+
+    def all(self) -> list[EngineJob]:
+        return list(self._jobs.values())
+
+    def _forget_old(self) -> None:
+        done = [j for j in self._jobs.values() if j.state != "running"]
+        for j in done[: max(0, len(self._jobs) - KEEP_JOBS)]:
+            del self._jobs[j.id]
+
+    async def wait(self, job_id: str) -> EngineJob:
+        task = self._tasks.get(job_id)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        return self._jobs[job_id]
+
+    async def __aenter__(self) -> EngineJobs:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()  # the installer deletes its half-built folder; the current version stays
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

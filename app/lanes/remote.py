@@ -1,0 +1,260 @@
+"""A remote: an OpenAI-compatible endpoint on another machine, served through the gateway like a local lane.
+
+Another Switchyard, or a vLLM/SGLang deployment spread over several nodes by their own launchers: Switchyard
+starts nothing there, it checks the endpoint's health (GET {url}/models with the remote's key) and passes
+requests through. Each remote model is exposed as `NAME/MODEL`; a `RemoteLane` is the per-model object the
+gateway holds for one request: `base_url`, `available`, the key header, the capability answer and the error
+for a broken request, the same surface a local `Lane` offers.
+
+States: checking (not checked yet), ready, unreachable, unauthorized (the remote refused the key, or needs
+one and none is kept). Every change is published once as a `remote.state` event.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+
+from app.core.errors import (
+    CapabilityMissingError,
+    RemoteAuthError,
+    RemoteFailedError,
+    RemoteUnavailableError,
+    SwitchyardError,
+)
+from app.core.events import EventBus
+from app.core.secrets import Secret
+from app.lanes.lane import Lane
+from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
+
+CHECK_TIMEOUT_S = 5.0
+# What a model of each kind can do; a remote that says no kind (vLLM, SGLang) is asked anything that has
+# a JSON body, and answers for itself. Multipart bodies (transcription) would need their model field
+# rewritten, which the gateway does not do for remotes.
+_KIND_CAPS = {
+    "chat": frozenset({"chat", "completions", "tools"}),
+    "embedding": frozenset({"embeddings"}),
+    "speech": frozenset({"speech"}),
+    "image": frozenset({"images"}),
+    "transcription": frozenset(),
+}
+_ANY = frozenset({"chat", "completions", "tools", "embeddings", "speech", "images"})
+
+
+class RemoteState(StrEnum):
+    CHECKING = "checking"
+    READY = "ready"
+    UNREACHABLE = "unreachable"
+    UNAUTHORIZED = "unauthorized"
+
+
+class Remote:
+    """One registered remote: its spec, its key (looked up at each check), its state and its models."""
+
+    def __init__(self, spec: RemoteSpec, *, bus: EventBus, key: tuple[Secret | None, str | None]) -> None:
+        self.spec = spec
+        self.bus = bus
+        self.key, self.key_source = key
+        self.state = RemoteState.CHECKING
+        self.error: str | None = None
+        self.checked_at: float | None = None
+        self.seen: tuple[SeenModel, ...] = spec.seen  # the last list, kept across restarts
+        self._lanes: dict[str, RemoteLane] = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def base(self) -> str:
+        """The URL the gateway's `/v1/...` paths are appended to (the API root without its /v1)."""
+        return self.spec.url[: -len("/v1")]
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key.reveal()}"} if self.key is not None else {}
+
+    def models(self) -> list[SeenModel]:
+        """The models exposed as NAME/MODEL: the allow-list when there is one, else what it listed."""
+        if not self.spec.models:
+            return list(self.seen)
+        kinds = {m.id: m.kind for m in self.seen}
+        return [SeenModel(m, kinds.get(m)) for m in self.spec.models]
+
+    def lane(self, model: str) -> RemoteLane:
+        lane = self._lanes.get(model)
+        if lane is None:
+            lane = self._lanes[model] = RemoteLane(self, model)
+        return lane
+
+    def in_flight(self) -> int:
+        return sum(ln.in_flight for ln in self._lanes.values())
+
+    # ---- health ----------------------------------------------------------------------------------------
+    def _set(self, state: RemoteState, error: str | None) -> None:
+        self.error = error
+        if state is self.state:
+            return
+        previous, self.state = self.state, state
+        self.bus.publish(
+            "remote.state",
+            remote=self.name,
+            state=str(state),
+            previous=str(previous),
+            error=error,
+            models=len(self.models()),
+        )
+
+    def unreachable(self, detail: str) -> RemoteUnavailableError:
+        self._set(
+            RemoteState.UNREACHABLE,
+            f"remote {self.name!r} at {self.spec.url} does not answer ({detail}); check that it runs and is "
+            f"reachable from here, then `switchyard remote check {self.name}`",
+        )
+        assert self.error is not None
+        return RemoteUnavailableError(self.error)
+
+    def _auth_message(self, status: int) -> str:
+        if self.key is None:
+            lost = (
+                " (it was kept in memory by the server it was given to, which has stopped since)"
+                if self.spec.key_kept == "session"
+                else ""
+            )
+            return (
+                f"remote {self.name!r} needs an API key (HTTP {status}) and none is kept for it{lost}; "
+                f"`switchyard remote rm {self.name}` and add it again with --api-key-stdin, or set "
+                f"{key_env_name(self.name)} in the server's environment"
+            )
+        return (
+            f"remote {self.name!r} refused the API key kept for it (from the {self.key_source}) with HTTP "
+            f"{status}; `switchyard remote rm {self.name}` and add it again with the right key "
+            f"(--api-key-stdin), or set {key_env_name(self.name)}"
+        )
+
+    def auth_failed(self, status: int) -> RemoteAuthError:
+        self._set(RemoteState.UNAUTHORIZED, self._auth_message(status))
+        assert self.error is not None
+        return RemoteAuthError(self.error)
+
+    async def check(self, http: aiohttp.ClientSession, *, key: tuple[Secret | None, str | None]) -> bool:
+        """GET {url}/models now; True when the list changed. Never raises: the state says what happened."""
+        self.key, self.key_source = key
+        self.checked_at = time.time()
+        try:
+            async with http.get(
+                self.spec.url + "/models",
+                headers=self.headers(),
+                timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S),
+            ) as r:
+                if r.status in (401, 403):
+                    self.auth_failed(r.status)
+                    return False
+                if r.status != 200:
+                    self.unreachable(f"GET {self.spec.url}/models answered HTTP {r.status}")
+                    return False
+                doc = await r.json(content_type=None)
+        except TimeoutError:
+            self.unreachable(f"no answer within {CHECK_TIMEOUT_S:g} s")
+            return False
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            self.unreachable(describe(exc))
+            return False
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list):
+            self.unreachable(f"GET {self.spec.url}/models did not answer with an OpenAI model list")
+            return False
+        seen = tuple(
+            SeenModel(str(m["id"]), m.get("kind") if isinstance(m.get("kind"), str) else None)
+            for m in data
+            if isinstance(m, dict) and isinstance(m.get("id"), str)
+        )
+        changed = seen != self.seen
+        self.seen = seen
+        self._set(RemoteState.READY, None)
+        return changed
+
+    def public(self) -> dict[str, Any]:
+        listed = {m.id for m in self.seen}
+        return {
+            "name": self.name,
+            "url": self.spec.url,
+            "state": str(self.state),
+            "error": self.error,
+            "checked_at": self.checked_at,
+            "key": {"set": self.key is not None, "source": self.key_source, "kept": self.spec.key_kept},
+            "allow_list": list(self.spec.models),
+            "models": [
+                {"id": f"{self.name}/{m.id}", "remote_id": m.id, "kind": m.kind, "listed": m.id in listed}
+                for m in self.models()
+            ],
+            "in_flight": self.in_flight(),
+        }
+
+
+def describe(exc: BaseException) -> str:
+    """A connection failure in a few words ("cannot connect to host:port: Connection refused")."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_error = exc.os_error
+        return f"cannot connect to {exc.host}:{exc.port}: {os_error.strerror or os_error}"
+    return (str(exc) or type(exc).__name__)[:300]
+
+
+class RemoteLane:
+    """One remote model, as the gateway holds it for a request (the interface of a local Lane)."""
+
+    engine = "remote"
+    proc = None  # no process of ours: nothing to watch, nothing to restart
+    plan = None  # no launch plan: the gateway's prompt-length check (llama.cpp's) leaves it to the remote
+
+    def __init__(self, remote: Remote, upstream: str) -> None:
+        self.remote = remote
+        self.served_name = upstream  # the name the remote knows it by
+        self.id = self.model_id = f"{remote.name}/{upstream}"
+        self.in_flight = 0
+        self.last_used: float | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.remote.state is RemoteState.READY
+
+    @property
+    def base_url(self) -> str:
+        return self.remote.base
+
+    @property
+    def kind(self) -> str | None:
+        return next((m.kind for m in self.remote.seen if m.id == self.served_name), None)
+
+    def auth_headers(self) -> dict[str, str]:
+        """The remote's key: replaces whatever the local client sent (never forwarded)."""
+        return self.remote.headers()
+
+    def broken(self, exc: BaseException | None = None) -> SwitchyardError:
+        """A remote that cannot be reached at all is a 503 (nothing was sent); a request cut off after it
+        was sent is a 502."""
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return self.remote.unreachable(describe(exc))
+        return RemoteFailedError(
+            f"remote {self.remote.name!r} broke off the request for {self.model_id!r} (the connection to "
+            f"{self.remote.spec.url} was lost); retry, and if it persists `switchyard remote check "
+            f"{self.remote.name}`"
+        )
+
+    def capabilities(self) -> frozenset[str]:
+        kind = self.kind
+        return _KIND_CAPS.get(kind, _ANY) if kind else _ANY
+
+    def capability_error(self, capability: str) -> CapabilityMissingError | None:
+        if capability in self.capabilities():
+            return None
+        return CapabilityMissingError(
+            f"model {self.model_id!r} is a {self.kind} model on remote {self.remote.name!r}, which cannot do "
+            f"{capability} through Switchyard; pick a model that can from GET /v1/models",
+            param="model",
+        )
+
+
+AnyLane = Lane | RemoteLane  # what the gateway holds for one request: a local engine or a remote model

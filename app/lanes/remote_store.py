@@ -1,0 +1,269 @@
+"""Registered remotes: `remotes.json` in SWITCHYARD_HOME, and where each remote's API key is kept.
+
+The file holds, per remote: its name, base URL (ending in /v1), the optional model allow-list, where its
+key was put (never the key), and the models it listed at its last check (so `switchyard ls` can show them
+without a network call). Keys are looked up, first found wins:
+
+  1. SWITCHYARD_REMOTE_KEY_<NAME> in the server's environment (NAME upper-cased, '-' and '.' as '_');
+  2. the system keyring (service "switchyard", user "remote:<name>");
+  3. this process's memory, where no keyring exists (headless Linux): the key lives as long as the
+     process that was given it. That is why `switchyard remote add` goes through a running server.
+
+A key is a `Secret` from the moment it is read: masked in repr, never logged, never written to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from app.core.errors import BadRequestError, RemoteExistsError, RemoteNotFoundError, SettingsError
+from app.core.secrets import SERVICE, Secret
+
+FILE_NAME = "remotes.json"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
+KEY_ENV_PREFIX = "SWITCHYARD_REMOTE_KEY_"
+KEY_SOURCES = ("env", "keyring", "session")
+
+
+@dataclass(frozen=True)
+class SeenModel:
+    id: str  # as the remote names it
+    kind: str | None  # a Switchyard remote says (chat, embedding, speech, ...); vLLM and others do not
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    name: str
+    url: str  # the OpenAI API root, ending in /v1
+    models: tuple[str, ...] = ()  # allow-list; empty: every model the remote lists
+    key_kept: str | None = None  # where the key was put when added: "keyring" or "session"; None: no key
+    added_at: float = 0.0
+    seen: tuple[SeenModel, ...] = ()  # what GET /models listed at the last good check
+    seen_at: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "models": list(self.models),
+            "key_kept": self.key_kept,
+            "added_at": self.added_at,
+            "seen": [{"id": m.id, "kind": m.kind} for m in self.seen],
+            "seen_at": self.seen_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RemoteSpec:
+        seen = tuple(SeenModel(str(m["id"]), m.get("kind")) for m in d.get("seen") or ())
+        return cls(
+            name=str(d["name"]),
+            url=str(d["url"]),
+            models=tuple(str(m) for m in d.get("models") or ()),
+            key_kept=d.get("key_kept"),
+            added_at=float(d.get("added_at") or 0.0),
+            seen=seen,
+            seen_at=d.get("seen_at"),
+        )
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise BadRequestError(
+            f"remote name {name!r} is not allowed; use 1-32 letters, digits, '.', '_' or '-' (no '/': its "
+            "models are named NAME/MODEL), e.g. 'gpu-box'",
+            param="name",
+        )
+    return name
+
+
+def normalize_url(url: str) -> str:
+    """`http(s)://host[:port][/prefix]/v1`: a bare host gets /v1; credentials, queries and other paths are
+    refused (the key goes in the keyring, not the URL)."""
+    parts = urlsplit(url.strip())
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        parts = urlsplit("")
+    path = parts.path.rstrip("/")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadRequestError(  # the URL is not echoed: a mistyped one may hold a password
+            "the remote URL must be http:// or https:// with a host, e.g. http://gpu-box:8000/v1",
+            param="url",
+        )
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise BadRequestError(
+            "the remote URL must not carry a user, password, query or fragment: give it as "
+            "http://host:port/v1 and its API key with --api-key-stdin (it is kept in the keyring)",
+            param="url",
+        )
+    if not path:
+        path = "/v1"
+    if not path.endswith("/v1"):
+        raise BadRequestError(
+            f"the remote URL must be the OpenAI API root, ending in /v1 (got path {path!r}), "
+            "e.g. http://gpu-box:8000/v1",
+            param="url",
+        )
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def key_env_name(name: str) -> str:
+    return KEY_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def _keyring_user(name: str) -> str:
+    return f"remote:{name}"
+
+
+class RemoteStore:
+    """The remotes of one SWITCHYARD_HOME, and the keys this process can reach."""
+
+    def __init__(self, path: Path, *, env: Mapping[str, str] | None = None) -> None:
+        self.path = path
+        self._env = env
+        self._session: dict[str, Secret] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def at(cls, home: Path) -> RemoteStore:
+        return cls(home / FILE_NAME)
+
+    # ---- the file ------------------------------------------------------------------------------------
+    def specs(self) -> list[RemoteSpec]:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"{self.path} cannot be read ({exc}); fix or remove it") from exc
+        try:
+            return [RemoteSpec.from_json(d) for d in raw["remotes"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SettingsError(
+                f"{self.path} is damaged ({type(exc).__name__}: {exc}); fix or remove it"
+            ) from exc
+
+    def get(self, name: str) -> RemoteSpec:
+        for spec in self.specs():
+            if spec.name == name:
+                return spec
+        known = ", ".join(s.name for s in self.specs()) or "none"
+        raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known}); see `switchyard remote ls`")
+
+    def _write(self, specs: list[RemoteSpec]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": 1, "remotes": [s.public() for s in specs]}, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, self.path)  # atomic: a crash never leaves half a file
+
+    def add(self, spec: RemoteSpec, key: Secret | None) -> tuple[RemoteSpec, str | None]:
+        """Register `spec` and keep `key`; returns the stored spec and, when the key could not go into the
+        keyring, why (it is then kept for this process only)."""
+        check_name(spec.name)
+        with self._lock:
+            specs = self.specs()
+            if any(s.name == spec.name for s in specs):
+                raise RemoteExistsError(
+                    f"a remote named {spec.name!r} already exists; remove it first "
+                    f"(`switchyard remote rm {spec.name}`) to change its URL or key"
+                )
+            problem = None
+            kept = None
+            if key is not None:
+                problem = _keyring_set(spec.name, key)
+                kept = "keyring" if problem is None else "session"
+                if problem is not None:
+                    self._session[spec.name] = key
+            stored = RemoteSpec(
+                name=spec.name,
+                url=normalize_url(spec.url),
+                models=spec.models,
+                key_kept=kept,
+                added_at=time.time(),
+            )
+            self._write([*specs, stored])
+        return stored, problem
+
+    def remove(self, name: str) -> RemoteSpec:
+        with self._lock:
+            specs = self.specs()
+            gone = next((s for s in specs if s.name == name), None)
+            if gone is None:
+                known = ", ".join(s.name for s in specs) or "none"
+                raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known})")
+            self._write([s for s in specs if s is not gone])
+            self._session.pop(name, None)
+            _keyring_delete(name)
+        return gone
+
+    def record_seen(self, name: str, seen: tuple[SeenModel, ...]) -> None:
+        """Remember what the remote listed (only when it changed: checks run every few seconds)."""
+        with self._lock:
+            specs = self.specs()
+            out = []
+            changed = False
+            for s in specs:
+                if s.name == name and s.seen != seen:
+                    s = RemoteSpec(s.name, s.url, s.models, s.key_kept, s.added_at, seen, time.time())
+                    changed = True
+                out.append(s)
+            if changed:
+                self._write(out)
+
+    # ---- keys ------------------------------------------------------------------------------------------
+    def key(self, name: str) -> tuple[Secret | None, str | None]:
+        """(key, where it came from: one of KEY_SOURCES), or (None, None)."""
+        env = (os.environ if self._env is None else self._env).get(key_env_name(name), "").strip()
+        if env:
+            return Secret(env), "env"
+        value = _keyring_get(name)
+        if value:
+            return Secret(value), "keyring"
+        session = self._session.get(name)
+        return (session, "session") if session is not None else (None, None)
+
+
+def _keyring_set(name: str, key: Secret) -> str | None:
+    try:
+        import keyring
+        from keyring.errors import NoKeyringError
+    except ImportError:
+        return "the keyring package is not installed"
+    try:
+        keyring.set_password(SERVICE, _keyring_user(name), key.reveal())
+    except NoKeyringError:
+        return "no system keyring is available here"
+    except Exception as exc:  # locked, D-Bus gone: the key is still usable for this process
+        return f"the system keyring did not accept it ({type(exc).__name__})"
+    return None
+
+
+def _keyring_get(name: str) -> str | None:
+    try:
+        import keyring
+
+        value = keyring.get_password(SERVICE, _keyring_user(name))
+    except Exception:  # no backend, locked: not found here
+        return None
+    return value or None
+
+
+def _keyring_delete(name: str) -> None:
+    try:
+        import keyring
+
+        keyring.delete_password(SERVICE, _keyring_user(name))
+    except Exception:  # nothing stored there, or no keyring
+        pass

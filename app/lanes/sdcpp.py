@@ -1,0 +1,205 @@
+"""The stable-diffusion.cpp lane: `sd-server` behind `POST /v1/images/generations`.
+
+No wheel ships stable-diffusion.cpp, so the lane runs a binary the user built or downloaded: `sd_server_path`
+when set, else `sd-server` on PATH. Only `sd-server` speaks HTTP; the `sd` command-line tool is recognised
+so the note can say what is missing. sd-server loads the model before it listens, so readiness is its
+`GET /v1/models` answering. Its images API is OpenAI's shape with the sampling extras (steps, cfg, seed)
+embedded in the prompt; app/server/translate_images.py does that translation in the gateway.
+
+Memory is "runtime-managed": sd.cpp sizes its compute buffers per image size at generation time, so no
+plan is made; the lane shows what the process holds once loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import EngineUnavailableError, ModelBrokenError
+from app.core.frozen import module_argv
+from app.core.settings import Settings
+from app.hardware.cpu import usable_cores
+from app.hardware.model import Hardware
+from app.lanes.kind import find_binary
+from app.lanes.plan import LaunchPlan
+from app.lanes.proc import engine_env
+from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
+
+BINARY = "sd-server"
+CLI_BINARY = "sd"
+HEALTH_PATH = "/v1/models"
+INSTALL_HINT = (
+    "build stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp: cmake builds sd-server beside sd) "
+    "and put sd-server on PATH, or set sd_server_path"
+)
+# Companion files a diffusion-model-only GGUF needs, found beside it by name: (flag, words in the name).
+# The first flag whose words match a file claims it; a file with none of them is not a companion.
+COMPANIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("--vae", ("vae",)),
+    ("--clip_l", ("clip_l", "clip-l")),
+    ("--clip_g", ("clip_g", "clip-g")),
+    ("--t5xxl", ("t5xxl", "t5-xxl", "umt5")),
+    ("--llm", ("llm", "qwen", "text_encoder")),
+)
+_WEIGHTS = (".gguf", ".safetensors", ".sft")
+VAE_PREFIX = "first_stage_model."  # a full checkpoint (sd.cpp's own conversions) carries its VAE
+
+
+@dataclass(frozen=True)
+class SDParams:
+    model_path: str
+    model_flag: str  # "--model" (a whole pipeline or checkpoint) or "--diffusion-model" (the DiT/UNet alone)
+    companions: tuple[tuple[str, str], ...]  # (flag, path): VAE and text encoders beside a lone model
+    threads: int
+    extra_args: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=8)
+def _version(path: str, stamp: tuple[int, int]) -> str | None:
+    """The version line `sd-server --version` prints (cached per binary file and its mtime/size)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (out.stdout + "\n" + out.stderr).splitlines():
+        if "version" in line.lower():
+            return line.strip()[:200]
+    return None  # an older build without --version prints its usage instead
+
+
+def binary_version(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _version(path, (st.st_mtime_ns, st.st_size))
+
+
+def find_sd_server(settings: Settings) -> str | None:
+    return find_binary(BINARY, settings.sd_server_path)
+
+
+def sd_install(settings: Settings) -> LaneInstall:
+    exe = find_sd_server(settings)
+    if exe is None:
+        where = f"at {settings.sd_server_path}" if settings.sd_server_path else "on PATH"
+        cli = find_binary(CLI_BINARY, None) if not settings.sd_server_path else None
+        if cli is not None:
+            note = (
+                f"found sd (the command-line tool) at {cli}, but the lane needs sd-server, the HTTP server "
+                f"built with it; no executable sd-server {where}: {INSTALL_HINT}"
+            )
+        else:
+            note = f"no executable sd-server was found {where}: {INSTALL_HINT}"
+        return LaneInstall("sd.cpp", False, None, note=note)
+    version = binary_version(exe)
+    return LaneInstall("sd.cpp", True, f"{version or 'sd-server (version unknown)'} at {exe}")
+
+
+def _has_vae(path: Path) -> bool:
+    import gguf  # imported here: only a diffusion GGUF needs its tensor table read
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception:  # a corrupt file: the engine will say so in its log
+        return True
+    return any(t.name.startswith(VAE_PREFIX) for t in reader.tensors)
+
+
+def companions_beside(model: Path) -> tuple[tuple[str, str], ...]:
+    """The VAE and text encoders next to a diffusion-model GGUF, by the words in their file names."""
+    found: dict[str, str] = {}
+    for p in sorted(model.parent.iterdir()):
+        low = p.name.lower()
+        if p == model or not p.is_file() or not low.endswith(_WEIGHTS):
+            continue
+        for flag, words in COMPANIONS:
+            named = any(w in low for w in words) or (flag == "--vae" and low.startswith("ae."))  # FLUX's ae
+            if flag not in found and named:
+                found[flag] = str(p)
+                break
+    return tuple((flag, found[flag]) for flag, _ in COMPANIONS if flag in found)
+
+
+def model_args(entry: ModelEntry) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(model flag, companions) for this model; raises ModelBrokenError for a lone diffusion model
+    without a VAE beside it (sd.cpp could not decode its images)."""
+    if entry.format == "diffusers" or entry.path.is_dir():
+        return "--model", ()  # sd.cpp reads a diffusers folder itself
+    if _has_vae(entry.path):
+        return "--model", ()
+    found = companions_beside(entry.path)
+    if not any(flag == "--vae" for flag, _ in found):
+        raise ModelBrokenError(
+            f"{entry.id!r} is a diffusion model without its VAE and text encoders; put them beside "
+            f"{entry.path.name} with 'vae', 'clip_l', 'clip_g', 't5xxl' or 'llm' in their file names "
+            "(see docs/engines.md#the-sdcpp-lane), or use a diffusers folder or a full checkpoint",
+            param="model",
+        )
+    return "--diffusion-model", found
+
+
+def sd_argv(exe: str, params: SDParams, *, port: int, ppid: int) -> tuple[str, ...]:
+    args = [*module_argv("app.lanes.guard"), str(ppid), "--", exe, params.model_flag, params.model_path]
+    for flag, path in params.companions:
+        args += [flag, path]
+    args += ["--listen-ip", "127.0.0.1", "--listen-port", str(port), "--threads", str(params.threads)]
+    return (*args, *params.extra_args)
+
+
+class SDCppKind:
+    lane = "sd.cpp"
+    formats = frozenset({"diffusers", "gguf-diffusion"})
+    offers = frozenset({"images"})
+    memory = "runtime-managed"
+
+    def install(self, settings: Settings) -> LaneInstall:
+        return sd_install(settings)
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        install = self.install(settings)
+        return None if install.installed else install.note
+
+    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+        return frozenset({"images"})
+
+    def build(
+        self,
+        entry: ModelEntry,
+        settings: Settings,
+        *,
+        ppid: int,
+        free_port: int,
+        hardware: Hardware | None,
+        used: Mapping[str, int] | None,
+    ) -> LaunchPlan:
+        exe = find_sd_server(settings)
+        if exe is None:
+            raise EngineUnavailableError(
+                f"cannot start {entry.id!r} on stable-diffusion.cpp: {sd_install(settings).note}"
+            )
+        flag, companions = model_args(entry)
+        params = SDParams(
+            model_path=str(entry.path),
+            model_flag=flag,
+            companions=companions,
+            threads=settings.threads or usable_cores(),
+            extra_args=tuple(shlex.split(settings.sd_extra_args)),
+        )
+        argv = sd_argv(exe, params, port=free_port, ppid=ppid)
+        return LaunchPlan(
+            "sd-server",
+            argv,
+            engine_env(),
+            HEALTH_PATH,
+            free_port,
+            params,
+            engine=self.lane,
+            memory=self.memory,
+        )
