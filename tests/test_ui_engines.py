@@ -97,3 +97,25 @@ def test_engine_table_rollback_and_a_failed_update(
             await desk.run()
 
     qloop.run_until_complete(asyncio.wait_for(scenario(), 150))
+
+
+def test_lanes_page_lists_remote_endpoints_from_their_events(
+    qloop: asyncio.AbstractEventLoop, qapp: Any, tmp_path: Path, isolated_env: Path
+) -> None:
+    from app.ui.desktop import Desktop
+
+    paths = Paths(home=isolated_env)
+    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, plan_memory=False)
+
+    async def scenario() -> None:
+        async with Desktop(paths, settings, qapp=qapp) as desk:
+            page = desk.window.show_page("Lanes")
+            assert "none" in page.remotes.text() and "switchyard remote add" in page.remotes.text()
+            # nothing listens on the discard port: the check fails fast and the page says so
+            await desk.runtime.remotes.add("far", "http://127.0.0.1:9/v1", key=None)
+            text = await until(lambda: "far" in page.remotes.text() and page.remotes.text(), what="remote")
+            assert "<b>far</b>" in text and "unreachable" in text and "127.0.0.1:9" in text
+            await desk.runtime.remotes.remove("far")
+            await until(lambda: "none" in page.remotes.text(), what="remote removed")
+
+    qloop.run_until_complete(scenario())

@@ -105,6 +105,7 @@ class RemoteRegistry:
     async def remove(self, name: str) -> RemoteSpec:
         gone = await asyncio.to_thread(self.store.remove, name)
         self._sync()
+        self.bus.publish("remote.removed", remote=name)  # the UI and /api/events drop it at once
         return gone
 
     async def check(self, name: str) -> Remote:

@@ -3,6 +3,7 @@ engines, with their versions and Install / Update / Rollback (app/ui/engines_vie
 
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 
@@ -36,11 +37,15 @@ class LanesPage(Page):
         row.addWidget(self.stop_btn)
         self.root.addLayout(row)
         self.root.addWidget(self.status)
-        self.root.addWidget(self.table, 2)
+        self.root.addWidget(self.table, 1)
         self.empty = QLabel("No lanes yet: load a model on the Library page, or send a chat message.")
         self.root.addWidget(self.empty)
+        # remote endpoints are lanes too, run elsewhere: their state comes from `remote.*` events
+        self.remotes = QLabel()
+        self.remotes.setWordWrap(True)
+        self.root.addWidget(self.remotes)
         self.engines = EnginesPanel(desk, report=self.report)
-        self.root.addWidget(self.engines, 1)
+        self.root.addWidget(self.engines, 2)
         self.root.addWidget(QLabel("<b>Log of the selected lane</b>"))
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -50,10 +55,13 @@ class LanesPage(Page):
         self.ids: list[str] = []
         desk.bridge.received.connect(self._on_event)
         self.refresh()
+        self.show_remotes()
 
     def _on_event(self, kind: str, _data: Any) -> None:
         if kind.startswith("lane."):
             self.refresh()
+        elif kind.startswith("remote."):
+            self.show_remotes()
         elif kind == "hardware.sample" and self.isVisible():
             # the 1 Hz sample doubles as the log's tick: no timer of our own, nothing while hidden
             self.show_log()
@@ -89,6 +97,23 @@ class LanesPage(Page):
             if s["id"] == keep:
                 self.table.selectRow(i)
         self.empty.setVisible(not snaps)
+
+    def show_remotes(self) -> None:
+        remotes = getattr(self.desk.runtime, "remotes", None)
+        rows = remotes.public() if remotes is not None else []
+        if not rows:
+            self.remotes.setText(
+                "Remote endpoints: none. Add one with <tt>switchyard remote add NAME URL</tt> "
+                "to route <tt>NAME/MODEL</tt> to another machine."
+            )
+            return
+        parts = []
+        for r in rows:
+            models = len(r.get("models") or [])
+            why = f": {r['error']}" if r.get("error") else ""
+            text = f"({r['url']}) {r['state']}{why}, {models} model(s)"
+            parts.append(f"<b>{html.escape(str(r['name']))}</b> {html.escape(text)}")
+        self.remotes.setText("Remote endpoints: " + "; ".join(parts))
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
