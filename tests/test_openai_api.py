@@ -161,6 +161,27 @@ def test_broken_model_is_listed_with_reason_and_refused(server: ServerProcess, c
             "'max_tokens' must be an integer",
         ),
         (b'{"model": "tiny", "messages": [3]}', "invalid_request", "messages[0]"),
+        # shapes llama.cpp would answer with a 500 from its JSON library
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": {"a": 1}}]}',
+            "invalid_request",
+            "content",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+            "invalid_request",
+            "messages[0].content[0] is a text part",
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": [7]}]}',
+            "invalid_request",
+            'string "type"',
+        ),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "x", "name": {"n": 1}}]}',
+            "invalid_request",
+            "messages[0].name must be a string",
+        ),
     ],
 )
 def test_malformed_bodies_are_400(server: ServerProcess, body: bytes, code: str, needle: str) -> None:

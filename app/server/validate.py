@@ -86,6 +86,7 @@ def check(body: dict[str, Any], route: str) -> str:
                 raise BadRequestError(
                     f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
                 )
+            _check_message_fields(i, m)
         _check_tool_shapes(body)
     if route == "embeddings":
         fmt = body.get("encoding_format")
@@ -94,6 +95,34 @@ def check(body: dict[str, Any], route: str) -> str:
         if isinstance(body["input"], list) and not body["input"]:
             raise BadRequestError("'input' is empty", param="input")
     return str(model)
+
+
+# message fields llama.cpp reads as text: anything else is a 500 from its JSON library, so refuse it here
+_TEXT_FIELDS = ("name", "tool_call_id", "reasoning_content")
+
+
+def _check_message_fields(i: int, m: dict[str, Any]) -> None:
+    """`content` is text, null or a list of typed parts; the other text fields are text."""
+    where = f"messages[{i}]"
+    for name in _TEXT_FIELDS:
+        if m.get(name) is not None and not isinstance(m[name], str):
+            raise BadRequestError(f"{where}.{name} must be a string", param=where)
+    content = m.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise BadRequestError(
+            f"{where}.content must be a string, null, or a list of parts such as "
+            '{"type": "text", "text": "..."}',
+            param=where,
+        )
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise BadRequestError(f'{where}.content[{j}] must be an object with a string "type"', param=where)
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise BadRequestError(
+                f'{where}.content[{j}] is a text part: its "text" must be a string', param=where
+            )
 
 
 def _check_tool_shapes(body: dict[str, Any]) -> None:
