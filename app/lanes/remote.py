@@ -31,17 +31,16 @@ from app.lanes.lane import Lane
 from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
 
 CHECK_TIMEOUT_S = 5.0
-# What a model of each kind can do; a remote that says no kind (vLLM, SGLang) is asked anything that has
-# a JSON body, and answers for itself. Multipart bodies (transcription) would need their model field
-# rewritten, which the gateway does not do for remotes.
+# What a model of each kind can do; a remote that says no kind (vLLM, SGLang) is asked anything, and
+# answers for itself.
 _KIND_CAPS = {
     "chat": frozenset({"chat", "completions", "tools"}),
     "embedding": frozenset({"embeddings"}),
     "speech": frozenset({"speech"}),
     "image": frozenset({"images"}),
-    "transcription": frozenset(),
+    "transcription": frozenset({"transcription", "translation"}),
 }
-_ANY = frozenset({"chat", "completions", "tools", "embeddings", "speech", "images"})
+_ANY = frozenset(cap for caps in _KIND_CAPS.values() for cap in caps)
 
 
 class RemoteState(StrEnum):
@@ -227,6 +226,11 @@ class RemoteLane:
     @property
     def kind(self) -> str | None:
         return next((m.kind for m in self.remote.seen if m.id == self.served_name), None)
+
+    @property
+    def listed(self) -> bool:
+        """Whether the remote listed this model at its last check (or the allow-list names it)."""
+        return any(m.id == self.served_name for m in self.remote.models())
 
     def auth_headers(self) -> dict[str, str]:
         """The remote's key: replaces whatever the local client sent (never forwarded)."""

@@ -1,26 +1,35 @@
 """Requests for `NAME/MODEL` passed through to remote NAME: the gateway's side of a remote lane.
 
-What changes on the way: the body's `model` becomes the remote's own name for the model, and the
-Authorization header is the remote's key (the local client's key never leaves this machine; nothing of the
-client's headers is forwarded). Answers and streams come back as bytes, unbuffered; a client that goes away
-closes the upstream request. The remote's errors are re-wrapped in our envelope with `source: remote`; a
+What changes on the way: the body's `model` becomes the remote's own name for the model (in a multipart
+upload, its `model` field: the form is rebuilt around the same file), and the Authorization header is the
+remote's key (the local client's key never leaves this machine; nothing of the client's headers is
+forwarded). Answers and streams come back as bytes, unbuffered; a client that goes away closes the
+upstream request. The remote's errors are re-wrapped in our envelope with `source: remote`; a
 refused key is a 502 `remote_auth_failed` (the client's own key was fine), a remote that does not answer a
 503 `remote_unreachable`, both naming the remote and what to do.
+
+The translated surfaces (Anthropic, Responses) hold a lane through `hold`: the remote's for a remote model,
+the supervisor's (started just in time) otherwise, each with the HTTP session that reaches it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from app.core.errors import BadRequestError, SwitchyardError
-from app.lanes.remote import RemoteLane
+from app.core.errors import SwitchyardError
+from app.lanes.remote import AnyLane, RemoteLane
 from app.server.keys import RUNTIME
 from app.server.metrics import USAGE, usage_from
+from app.server.multipart import form_parts, with_field
 from app.server.translate_engine import rewrap_error
 
 log = logging.getLogger("switchyard.remote")
@@ -36,14 +45,25 @@ def remote_for(request: web.Request, model: str) -> RemoteLane | None:
     return rt.remotes.resolve(model)
 
 
-def refuse_remote(request: web.Request, model: str, *, surface: str) -> None:
-    """The surfaces not yet routed to remotes (Anthropic, Responses) say so instead of "not found"."""
-    if (lane := remote_for(request, model)) is not None:
-        raise BadRequestError(
-            f"model {model!r} is on remote {lane.remote.name!r}; the {surface} does not reach remote models "
-            "yet: use POST /v1/chat/completions (or Ollama's /api/chat) for it",
-            param="model",
-        )
+@dataclass(frozen=True)
+class Held:
+    """A lane held for one request, and the HTTP session that reaches it."""
+
+    lane: AnyLane
+    http: aiohttp.ClientSession
+
+
+@contextlib.asynccontextmanager
+async def hold(request: web.Request, model: str, *, remote: RemoteLane | None) -> AsyncIterator[Held]:
+    """Hold `remote` (re-checked first if it was not ready) or, with None, start and hold `model`'s local
+    lane; either counts as in flight until the block ends."""
+    rt = request.app[RUNTIME]
+    if remote is not None:
+        async with rt.remotes.use(remote) as lane:
+            yield Held(lane, rt.remotes.http)
+    else:
+        async with rt.supervisor.use(model) as local:
+            yield Held(local, rt.supervisor.http)
 
 
 def keep_header(name: str) -> bool:
@@ -115,22 +135,26 @@ async def forward_remote(
             upstream.close()  # an unfinished answer drops the socket, so the remote stops generating
 
 
+async def renamed_body(lane: RemoteLane, body: bytes, content_type: str) -> tuple[bytes, str]:
+    """(body, content type) as the remote must see them: JSON with its own model name, or a multipart
+    upload rebuilt with its `model` field set to that name."""
+    if not content_type.startswith("multipart/form-data"):
+        return json_body(lane, json.loads(body)), content_type
+    # parsing an upload of many megabytes takes a while (about a second for 25 MB): off the event loop
+    parts = await asyncio.to_thread(form_parts, body, content_type)
+    return await with_field(parts, name="model", value=lane.served_name)
+
+
 async def call_remote(
     request: web.Request, lane: RemoteLane, *, capability: str, path: str, body: bytes, content_type: str
 ) -> web.Response:
-    """A non-streamed request (images, speech) through to the remote; JSON bodies only."""
+    """A non-streamed request (images, speech, a transcription's upload) through to the remote."""
     if (missing := lane.capability_error(capability)) is not None:
         raise missing
-    if not content_type.startswith("application/json"):
-        raise BadRequestError(
-            f"{path} with a multipart body is not passed to remote models yet ({lane.model_id!r} is on "
-            f"remote {lane.remote.name!r}); call the remote directly",
-            param="model",
-        )
     rt = request.app[RUNTIME]
-    parsed = json.loads(body)
+    payload, ctype = await renamed_body(lane, body, content_type)
     async with rt.remotes.use(lane):
-        upstream = await send(lane, rt.remotes.http, path, json_body(lane, parsed), content_type)
+        upstream = await send(lane, rt.remotes.http, path, payload, ctype)
         try:
             try:
                 data = await upstream.read()

@@ -1,15 +1,16 @@
 """OpenAI's audio routes, routed by `model` like chat: speech (Piper), transcriptions and translations
-(whisper.cpp). A model whose lane cannot do the route's task gets a 400 naming the lanes that can."""
+(whisper.cpp), or a remote's model. A model whose lane cannot do the route's task gets a 400 naming the
+lanes that can."""
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
+import asyncio
 
 from aiohttp import web
 
 from app.core.errors import BadRequestError
 from app.server.lane_call import call_lane, need_model
+from app.server.multipart import form_field
 from app.server.validate import parse_body
 
 routes = web.RouteTableDef()
@@ -33,19 +34,6 @@ async def speech(request: web.Request) -> web.Response:
     )
 
 
-def form_field(raw: bytes, content_type: str, name: str) -> str | None:
-    """One text field of a multipart body, read without consuming it (the body goes on unchanged)."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
-    if not msg.is_multipart():
-        return None
-    for part in msg.iter_parts():
-        if part.get_param("name", header="content-disposition") == name and not part.get_filename():
-            payload = part.get_payload(decode=True)
-            return payload.decode("utf-8", errors="replace").strip() if isinstance(payload, bytes) else None
-    return None
-
-
 async def _audio_in(request: web.Request, *, capability: str, path: str) -> web.Response:
     ctype = request.headers.get("Content-Type", "")
     if not ctype.startswith("multipart/form-data"):
@@ -53,7 +41,8 @@ async def _audio_in(request: web.Request, *, capability: str, path: str) -> web.
             "send multipart/form-data with `file` and `model` fields (OpenAI's upload shape)"
         )
     raw = await request.read()
-    model = need_model(form_field(raw, ctype, "model"))
+    # parsing an upload of many megabytes takes a while: off the event loop
+    model = need_model(await asyncio.to_thread(form_field, raw, ctype, "model"))
     return await call_lane(
         request, model=model, capability=capability, path=path, body=raw, content_type=ctype
     )

@@ -6,6 +6,9 @@ status, and a `{"error": ...}` line once a stream has begun. A prompt longer tha
 context is a 400. While a streamed answer's model loads, the client gets an empty piece (`"content": ""`,
 `"done": false`) every second: NDJSON has no comment lines, and Ollama clients read an empty piece as
 nothing to add.
+
+Remote models (`NAME/MODEL`) are listed in /api/tags, described by /api/show (what is known here) and
+served by chat, generate and embed; /api/ps lists only the engines loaded on this machine, so never them.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from app.server.translate_ollama import (
     now_iso,
     ollama_name,
     parse_keep_alive,
+    remote_show,
     remote_tag,
     require_model,
     running,
@@ -90,11 +94,10 @@ def resolve(rt: Runtime, name: str) -> ModelEntry:
 
 
 def _remote(request: web.Request, name: str) -> RemoteLane | None:
-    """The remote lane an Ollama name (`home/tiny` or `home/tiny:latest`) names, if any."""
-    for mid in candidate_ids(name):
-        if (lane := remote_for(request, mid)) is not None:
-            return lane
-    return None
+    """The remote lane an Ollama name (`home/tiny` or `home/tiny:latest`) names, if any: the one the
+    remote listed (`tiny`, unless it lists `tiny:latest` itself), else the name as given."""
+    lanes = [lane for mid in candidate_ids(name) if (lane := remote_for(request, mid)) is not None]
+    return next((lane for lane in lanes if lane.listed), lanes[0] if lanes else None)
 
 
 def _chat_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
@@ -144,6 +147,7 @@ async def tags(request: web.Request) -> web.Response:
 
 @routes.get("/api/ps")
 async def ps(request: web.Request) -> web.Response:
+    # what this machine holds in memory; a remote's models are loaded (or not) by the remote
     rt = request.app[RUNTIME]
     rows = []
     for lane in list(rt.supervisor.lanes.values()):
@@ -160,7 +164,17 @@ async def ps(request: web.Request) -> web.Response:
 async def _show(request: web.Request) -> web.StreamResponse:
     rt = request.app[RUNTIME]
     body = parse_body(await request.read())
-    entry = resolve(rt, require_model(body))
+    name = require_model(body)
+    if (remote := _remote(request, name)) is not None:
+        request["model"] = remote.model_id
+        if not remote.listed:
+            raise ModelNotFoundError(
+                f"model {name!r} is not among the models remote {remote.remote.name!r} listed at its last "
+                "check; see GET /api/tags",
+                param="model",
+            )
+        return web.json_response(remote_show(remote))
+    entry = resolve(rt, name)
     request["model"] = entry.id
     return web.json_response(show(entry))
 

@@ -4,6 +4,10 @@ Errors before the answer starts are the usual OpenAI envelope (raised to the err
 once a stream has begun, a failure is an `error` event followed by `response.failed`. A stream whose
 model is still loading hears SSE comment lines with the phase first; a start that fails ends it with
 `response.created`, `response.in_progress`, `error` and `response.failed`.
+
+A remote model (`NAME/MODEL`) is translated the same way and sent to its remote with the remote's key; the
+prompt-length check (llama.cpp's tokenizer) is left to the remote, whose refusals come back as the usual
+envelope with `source: remote`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from aiohttp import web
 
 from app.core.errors import BadRequestError, SwitchyardError
 from app.lanes.lane import Lane
+from app.lanes.remote import AnyLane, RemoteLane
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
-from app.server.remote_proxy import refuse_remote
+from app.server.remote_proxy import hold, remote_for
 from app.server.translate_engine import post, sse_chunks
 from app.server.translate_responses import ResponsesCall, ResponseTranslator, sse, to_chat
 from app.server.validate import parse_body
@@ -37,15 +42,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = to_chat(parse_body(raw))
     request["model"] = call.model
     rt = request.app[RUNTIME]
-    refuse_remote(request, call.model, surface="Responses API")
-    if rt.catalog.get(call.model).kind != "chat":
+    if (remote := remote_for(request, call.model)) is not None:
+        if (missing := remote.capability_error("chat")) is not None:
+            raise missing
+    elif rt.catalog.get(call.model).kind != "chat":
         raise BadRequestError(
             f"model {call.model!r} is an embedding model; the Responses API needs a chat model "
             "(embeddings: POST /v1/embeddings)",
             param="model",
         )
     resp: web.StreamResponse | None = None
-    if call.stream and needs_loading(rt.supervisor, call.model):
+    if call.stream and remote is None and needs_loading(rt.supervisor, call.model):
         resp = sse_response()
         tr = ResponseTranslator(model=call.model, echo=call.echo)
 
@@ -55,7 +62,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if not await wait_loading(request, rt.supervisor, call.model, resp=resp, fail=fail):
             return resp
     try:
-        return await _answer(request, rt, call, len(raw), resp)
+        return await _answer(request, rt, call, resp, size=len(raw), remote=remote)
     except SwitchyardError as exc:
         if resp is None:
             raise
@@ -66,16 +73,23 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _answer(
-    request: web.Request, rt: Runtime, call: ResponsesCall, size: int, resp: web.StreamResponse | None
+    request: web.Request,
+    rt: Runtime,
+    call: ResponsesCall,
+    resp: web.StreamResponse | None,
+    *,
+    size: int,
+    remote: RemoteLane | None,
 ) -> web.StreamResponse:
-    async with rt.supervisor.use(call.model) as lane:
-        if rt.settings.check_prompt_length:
+    async with hold(request, call.model, remote=remote) as held:
+        lane = held.lane
+        if rt.settings.check_prompt_length and isinstance(lane, Lane):  # a remote enforces its own
             try:
-                await check_prompt(rt.supervisor.http, lane, call.chat, body_bytes=size, route="chat")
+                await check_prompt(held.http, lane, call.chat, body_bytes=size, route="chat")
             except SwitchyardError as exc:
                 exc.param = "input"  # the prompt is built from instructions and input here
                 raise
-        upstream = await post(rt.supervisor.http, lane, "/v1/chat/completions", call.chat)
+        upstream = await post(held.http, lane, "/v1/chat/completions", call.chat)
         tr = ResponseTranslator(model=call.model, echo=call.echo)
         try:
             if call.stream:
@@ -92,7 +106,7 @@ async def _answer(
 
 async def _stream(
     request: web.Request,
-    lane: Lane,
+    lane: AnyLane,
     upstream: aiohttp.ClientResponse,
     tr: ResponseTranslator,
     resp: web.StreamResponse | None,

@@ -1,7 +1,8 @@
-"""The engine side of the translated surfaces (Anthropic, Ollama): a lane's OpenAI endpoints.
+"""The engine side of the translated surfaces (Anthropic, Responses, Ollama): a lane's OpenAI endpoints.
 
-llama.cpp speaks OpenAI only, so these surfaces build an OpenAI body, send it to the lane and read
-the answer back chunk by chunk (`sse_chunks`) while they write their own shape to the client.
+llama.cpp speaks OpenAI only, so these surfaces build an OpenAI body, send it to the lane (a local engine
+or a remote model) and read the answer back chunk by chunk (`sse_chunks`) while they write their own shape
+to the client. A remote's refusals name the remote and carry `source: remote`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from app.core.errors import BadRequestError, SwitchyardError
+from app.core.errors import BadRequestError, RemoteFailedError, SwitchyardError
 from app.lanes.lane import Lane
 from app.lanes.remote import AnyLane, RemoteLane
 
@@ -37,9 +38,23 @@ class EngineRefusedError(SwitchyardError):
             self.type = "engine_error"
 
 
-def refusal(status: int, data: bytes, model: str) -> EngineRefusedError:
-    """An engine's error answer (`{"error": {"message": ...}}`, a string, or plain text) as an error."""
-    message = data.decode("utf-8", "replace").strip() or f"engine answered HTTP {status}"
+class RemoteRefusedError(EngineRefusedError):
+    """A remote answered an error status; its message and status are kept, the code says whose it was
+    (`remote_http_<status>`, as on the pass-through routes)."""
+
+    source = "remote"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message, status=status)
+        self.code = f"remote_http_{status}"
+        if status >= 500:
+            self.type = "server_error"
+
+
+def refusal(lane: AnyLane, *, status: int, data: bytes) -> EngineRefusedError:
+    """An upstream error answer (`{"error": {"message": ...}}`, a string, or plain text) as an error that
+    names who refused: the local engine, or the remote (and which model there)."""
+    message = data.decode("utf-8", "replace").strip() or f"HTTP {status}"
     try:
         err = json.loads(data).get("error")
         if isinstance(err, dict) and err.get("message"):
@@ -48,7 +63,11 @@ def refusal(status: int, data: bytes, model: str) -> EngineRefusedError:
             message = err
     except (ValueError, AttributeError):
         pass
-    return EngineRefusedError(f"the engine for {model!r} refused the request: {message}", status=status)
+    if isinstance(lane, RemoteLane):
+        who = f"remote {lane.remote.name!r} (for {lane.model_id!r})"
+        return RemoteRefusedError(f"{who} refused the request: {message}", status=status)
+    who = f"the engine for {lane.model_id!r}"
+    return EngineRefusedError(f"{who} refused the request: {message}", status=status)
 
 
 def rewrap_error(status: int, data: bytes, *, who: str, source: str) -> web.Response:
@@ -115,7 +134,7 @@ async def post(
             upstream.close()
         if isinstance(lane, RemoteLane) and upstream.status in (401, 403):
             raise lane.remote.auth_failed(upstream.status)  # our key for it, not the client's, was refused
-        raise refusal(upstream.status, data, lane.model_id)
+        raise refusal(lane, status=upstream.status, data=data)
     return upstream
 
 
@@ -131,6 +150,11 @@ async def post_json(http: aiohttp.ClientSession, lane: AnyLane, path: str, body:
     try:
         return json.loads(data)
     except ValueError as exc:
+        if isinstance(lane, RemoteLane):
+            raise RemoteFailedError(
+                f"remote {lane.remote.name!r} answered {path} for {lane.model_id!r} with something that is "
+                f"not JSON; check that {lane.remote.spec.url} is an OpenAI-compatible API"
+            ) from exc
         raise EngineRefusedError(
             f"the engine for {lane.model_id!r} answered {path} with something that is not JSON", status=502
         ) from exc
@@ -148,7 +172,7 @@ async def sse_chunks(upstream: aiohttp.ClientResponse, lane: AnyLane) -> AsyncGe
                 line, buf = buf.split(b"\n", 1)
                 line = line.strip()
                 if line.startswith(b"error:"):  # llama.cpp's way to fail after the headers went out
-                    raise refusal(500, line[6:].strip(), lane.model_id)
+                    raise refusal(lane, status=500, data=line[6:].strip())
                 if not line.startswith(b"data:"):
                     continue  # blank separators, comments, `event:` names
                 payload = line[5:].strip()
@@ -160,7 +184,7 @@ async def sse_chunks(upstream: aiohttp.ClientResponse, lane: AnyLane) -> AsyncGe
                     log.warning("engine for %s sent a stream line that is not JSON: %r", lane.model_id, line)
                     continue
                 if isinstance(obj, dict) and "error" in obj and "choices" not in obj:
-                    raise refusal(500, payload, lane.model_id)
+                    raise refusal(lane, status=500, data=payload)
                 if isinstance(obj, dict):
                     yield obj
     except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
@@ -192,6 +216,28 @@ async def count_prompt_tokens(http: aiohttp.ClientSession, lane: Lane, chat_body
     if not isinstance(tokens, dict) or not isinstance(tokens.get("tokens"), list):
         raise EngineRefusedError(f"the engine for {lane.model_id!r} did not tokenize the prompt", status=502)
     return len(tokens["tokens"])
+
+
+async def prompt_tokens(http: aiohttp.ClientSession, lane: AnyLane, chat_body: dict[str, Any]) -> int:
+    """Tokens the model will see for this chat request.
+
+    A local engine renders and tokenizes it (count_prompt_tokens). A remote has no tokenizer route to rely
+    on (vLLM's /tokenize sits outside /v1, a remote Switchyard has none), so it is asked for one token of
+    answer to the same messages and tools: the `usage.prompt_tokens` it reports is what it counted."""
+    if not isinstance(lane, RemoteLane):
+        return await count_prompt_tokens(http, lane, chat_body)
+    shape: dict[str, Any] = {
+        k: chat_body[k] for k in ("messages", "tools", "chat_template_kwargs") if k in chat_body
+    }
+    answer = await post_json(http, lane, "/v1/chat/completions", {**shape, "max_tokens": 1, "stream": False})
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise RemoteFailedError(
+            f"remote {lane.remote.name!r} answered a chat completion for {lane.model_id!r} without "
+            "usage.prompt_tokens, so its prompt tokens cannot be counted here; count them on the remote"
+        )
+    return n
 
 
 def parse_arguments(text: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from app.lanes.remote import RemoteLane
 from app.library.catalog import ModelEntry
 from app.server.translate_engine import parse_arguments
 from app.server.validate import bad as _bad
@@ -585,4 +586,21 @@ def show(entry: ModelEntry) -> dict[str, Any]:
         "model_info": info,
         "capabilities": caps,
         "modified_at": _mtime(entry),
+    }
+
+
+def remote_show(lane: RemoteLane) -> dict[str, Any]:
+    """/api/show for a remote model: what is known here (its remote, the remote's name for it, its kind
+    when the remote said). There is no file here, so the template, parameters, family and size are left
+    out rather than guessed; "tools" is not claimed either, since the remote's template is unknown."""
+    kind = lane.kind
+    info: dict[str, Any] = {"general.name": lane.served_name, "switchyard.remote": lane.remote.name}
+    if kind is not None:
+        info["switchyard.kind"] = kind
+    caps = {"chat": ["completion"], None: ["completion"], "embedding": ["embedding"]}.get(kind, [])
+    return {
+        "modelfile": f"# served by Switchyard from remote {lane.remote.name}, as {lane.served_name}\n",
+        "details": {"format": "remote"},
+        "model_info": info,
+        "capabilities": caps,
     }
