@@ -2,7 +2,7 @@
 
 - Keys are required when the bind is not loopback, or when `require_api_key` is on. A key is sent as
   `Authorization: Bearer KEY` or `x-api-key: KEY`. `/health` and CORS preflights of listed origins stay
-  open. A valid key, required or not, names its client on the request (`request["client"]`).
+  open. A valid key, required or not, names its client on the request (`request[CLIENT]`).
 - The admin API (every `/api/...` route that is not an Ollama client route) answers only clients on this
   machine, unless `allow_remote_admin` is on; a remote admin request then always needs a key.
 - CORS: only origins listed in `cors_origins` get `Access-Control-Allow-Origin` (their exact origin) and a
@@ -25,6 +25,7 @@ from app.core.paths import Paths
 from app.core.secrets import KeyStore, Secret
 from app.core.settings import Settings
 from app.server.middleware import Handler, error_response, normalize_origin
+from app.server.request_keys import CLIENT
 from app.server.validate import parse_body
 
 log = logging.getLogger("switchyard")
@@ -190,7 +191,7 @@ async def require_key(request: web.Request, handler: Handler) -> web.StreamRespo
     keys = presented_keys(request)
     client = await identify(guard.store, keys) if keys else None
     if client:
-        request["client"] = client
+        request[CLIENT] = client
     elif guard.required or (admin and remote):
         if keys:
             msg = "the API key is not valid (unknown, revoked or mistyped); see `switchyard keys list`"

@@ -18,6 +18,7 @@ from aiohttp import web
 from app.core.errors import BadRequestError
 from app.server.keys import RUNTIME
 from app.server.remote_proxy import call_remote, remote_for
+from app.server.request_keys import MODEL
 
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 
@@ -49,7 +50,7 @@ async def call_lane(
     shape: EngineShape | None = None,
 ) -> web.Response:
     rt = request.app[RUNTIME]
-    request["model"] = model
+    request[MODEL] = model
     if (remote := remote_for(request, model)) is not None:
         return await call_remote(
             request, remote, capability=capability, path=path, body=body, content_type=content_type

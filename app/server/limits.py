@@ -31,6 +31,7 @@ from app.core.errors import (
 )
 from app.core.settings import Settings
 from app.lanes.lane import Lane
+from app.server.request_keys import CLIENT
 from app.server.translate_anthropic import error_body as anthropic_error_body
 from app.server.translate_engine import count_prompt_tokens, post_json
 
@@ -74,7 +75,7 @@ def middleware(settings: Settings) -> Middleware:
     async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.content_length is not None and request.content_length > max_body:
             return error_response(request, too_large())  # aiohttp reads the rest away, then closes
-        client = str(request.get("client", "-"))
+        client = str(request.get(CLIENT, "-"))
         counted = per_client > 0 and request.method == "POST"
         if counted:
             running = active.get(client, 0)

@@ -26,6 +26,7 @@ from app import __version__
 from app.core.events import Event, EventBus
 from app.lanes.lane import Lane, LaneState
 from app.server.keys import RUNTIME
+from app.server.request_keys import CLIENT, MODEL
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -80,8 +81,8 @@ class Metrics:
         resource = info.route.resource
         route = resource.canonical if resource is not None else "-"
         # an unknown model name is the client's text: keep it out of the labels (cardinality)
-        model = str(request.get("model", "-")) if status != 404 else "-"
-        client = str(request.get("client", "-"))
+        model = str(request.get(MODEL, "-")) if status != 404 else "-"
+        client = str(request.get(CLIENT, "-"))
         key = (route, request.method, model, str(status), client)
         self.requests[key] = self.requests.get(key, 0) + 1
         short = (route, model)
@@ -308,8 +309,8 @@ def request_event(request: web.Request, *, status: int, seconds: float) -> dict[
     data: dict[str, Any] = {
         "route": route,
         "method": request.method,
-        "model": str(request.get("model", "-")) if status != 404 else "-",
-        "client": str(request.get("client", "-")),
+        "model": str(request.get(MODEL, "-")) if status != 404 else "-",
+        "client": str(request.get(CLIENT, "-")),
         "status": status,
         "seconds": round(seconds, 4),
     }

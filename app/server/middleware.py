@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from app.core.errors import SwitchyardError
+from app.server.request_keys import CLIENT, MODEL
 
 log = logging.getLogger("switchyard.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,8 +73,8 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
         return resp
     finally:
         ms = (time.perf_counter() - t0) * 1000
-        model = request.get("model", "-")
-        client = request.get("client", "-")
+        model = request.get(MODEL, "-")
+        client = request.get(CLIENT, "-")
         line = "%s %s model=%s status=%s %.1fms client=%s"
         log.info(line, request.method, request.path, model, status, ms, client)
 

@@ -25,6 +25,7 @@ from app.server.keys import RUNTIME
 from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
 from app.server.remote_proxy import forward_remote, remote_for
+from app.server.request_keys import MODEL
 from app.server.translate_engine import pin_named_tool_choice, rewrap_error
 from app.server.validate import check, parse_body
 
@@ -52,7 +53,7 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     raw = await request.read()
     body = parse_body(raw)
     model = check(body, route)
-    request["model"] = model
+    request[MODEL] = model
     if route == "chat" and (pinned := pin_named_tool_choice(body)) is not None:
         raw = json.dumps(pinned).encode()  # the one rewrite: llama.cpp would drop a named tool_choice
     rt = request.app[RUNTIME]

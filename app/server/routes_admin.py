@@ -15,6 +15,7 @@ from app.core.pins import load_pins
 from app.explain import explain
 from app.hardware.probe import read_memory
 from app.server.keys import RUNTIME
+from app.server.request_keys import MODEL
 
 routes = web.RouteTableDef()
 
@@ -45,7 +46,7 @@ async def library(request: web.Request) -> web.Response:
 async def load(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     model = request.match_info["model_id"]
-    request["model"] = model
+    request[MODEL] = model
     lane = await rt.supervisor.load(model)
     return web.json_response(lane.snapshot())
 
@@ -54,7 +55,7 @@ async def load(request: web.Request) -> web.Response:
 async def unload(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     model = request.match_info["model_id"]
-    request["model"] = model
+    request[MODEL] = model
     lane = await rt.supervisor.unload(model)
     return web.json_response(lane.snapshot())
 
@@ -106,7 +107,7 @@ async def explain_model(request: web.Request) -> web.Response:
     """The routing decision and memory plan, beside what is loaded now (and its measured footprint)."""
     rt = request.app[RUNTIME]
     model = request.match_info["model_id"]
-    request["model"] = model
+    request[MODEL] = model
     entry = rt.catalog.get(model, allow_broken=True)
     hw = await rt.hardware_with_bandwidth()
     pins = load_pins(rt.paths.pins_file)

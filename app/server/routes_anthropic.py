@@ -29,6 +29,7 @@ from app.server.limits import check_prompt
 from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
 from app.server.remote_proxy import Held, hold, remote_for
+from app.server.request_keys import MODEL
 from app.server.translate_anthropic import MessagesCall, MessageTranslator, error_body, sse, to_openai
 from app.server.translate_engine import (
     has_vision,
@@ -70,7 +71,7 @@ def _error_event(exc: SwitchyardError) -> bytes:
 async def _parse(request: web.Request, *, for_count: bool) -> tuple[Runtime, MessagesCall, RemoteLane | None]:
     """The call, and the remote lane when its model is a remote's (None: a local model)."""
     call = to_openai(parse_body(await request.read()), for_count=for_count)
-    request["model"] = call.model
+    request[MODEL] = call.model
     pin_named_tool_choice(call.openai)  # a tool_choice naming an unknown tool is refused before a start
     rt = request.app[RUNTIME]
     if (remote := remote_for(request, call.model)) is not None:

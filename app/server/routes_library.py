@@ -19,6 +19,7 @@ from app.library.listing import listing
 from app.library.remove import remove_model
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
+from app.server.request_keys import MODEL
 
 routes = web.RouteTableDef()
 _LOADED = (LaneState.STARTING, LaneState.READY, LaneState.STOPPING)
@@ -76,7 +77,7 @@ async def library_import(request: web.Request) -> web.Response:
 @routes.get("/api/library/{model_id:.+}")
 async def library_model(request: web.Request) -> web.Response:
     """One model of the library (an id or an `org/repo:QUANT` alias), with its files and origin"""
-    request["model"] = request.match_info["model_id"]
+    request[MODEL] = request.match_info["model_id"]
     return web.json_response(_one(request.app[RUNTIME], request.match_info["model_id"]))
 
 
@@ -85,7 +86,7 @@ async def library_remove(request: web.Request) -> web.Response:
     """Remove a model (409 naming the lane while loaded); `?delete_files=true` also for the user's files"""
     rt = request.app[RUNTIME]
     model_id = request.match_info["model_id"]
-    request["model"] = model_id
+    request[MODEL] = model_id
     raw = request.query.get("delete_files", "false").lower()
     if raw not in ("true", "false", "1", "0"):
         raise BadRequestError("'delete_files' must be true or false", param="delete_files")

@@ -32,6 +32,7 @@ from app.server.limits import check_prompt
 from app.server.metrics import USAGE
 from app.server.proxy import needs_loading, wait_loading
 from app.server.remote_proxy import remote_for
+from app.server.request_keys import MODEL
 from app.server.translate_engine import has_vision, post, post_json, sse_chunks
 from app.server.translate_ollama import (
     OllamaCall,
@@ -102,7 +103,7 @@ def _remote(request: web.Request, name: str) -> RemoteLane | None:
 
 def _chat_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry:
     entry = resolve(rt, name)
-    request["model"] = entry.id
+    request[MODEL] = entry.id
     if entry.kind != "chat":
         raise BadRequestError(
             f"model {name!r} is an embedding model; it cannot chat or generate (use POST /api/embed)",
@@ -166,7 +167,7 @@ async def _show(request: web.Request) -> web.StreamResponse:
     body = parse_body(await request.read())
     name = require_model(body)
     if (remote := _remote(request, name)) is not None:
-        request["model"] = remote.model_id
+        request[MODEL] = remote.model_id
         if not remote.listed:
             raise ModelNotFoundError(
                 f"model {name!r} is not among the models remote {remote.remote.name!r} listed at its last "
@@ -175,7 +176,7 @@ async def _show(request: web.Request) -> web.StreamResponse:
             )
         return web.json_response(remote_show(remote))
     entry = resolve(rt, name)
-    request["model"] = entry.id
+    request[MODEL] = entry.id
     return web.json_response(show(entry))
 
 
@@ -221,7 +222,7 @@ async def _run_remote(
     request: web.Request, lane: RemoteLane, call: OllamaCall, *, kind: str, started: float, empty: bool
 ) -> web.StreamResponse:
     """Chat or generate on a remote model: the same translation, sent to the remote with its key."""
-    request["model"] = lane.model_id
+    request[MODEL] = lane.model_id
     if (missing := lane.capability_error("chat")) is not None:
         raise missing
     if empty:
@@ -366,12 +367,12 @@ async def _stream(
 # ---- embeddings ----------------------------------------------------------------------------------
 def _embed_entry(rt: Runtime, name: str, request: web.Request) -> ModelEntry | RemoteLane:
     if (remote := _remote(request, name)) is not None:
-        request["model"] = remote.model_id
+        request[MODEL] = remote.model_id
         if (missing := remote.capability_error("embeddings")) is not None:
             raise missing
         return remote
     entry = resolve(rt, name)
-    request["model"] = entry.id
+    request[MODEL] = entry.id
     if entry.kind != "embedding":
         raise BadRequestError(
             f"model {name!r} is a generative model, not an embedding model (its GGUF has no pooling "

@@ -28,6 +28,7 @@ from app.server.limits import check_prompt
 from app.server.metrics import FIRST_BYTE, USAGE
 from app.server.proxy import needs_loading, sse_response, wait_loading
 from app.server.remote_proxy import hold, remote_for
+from app.server.request_keys import MODEL
 from app.server.translate_engine import post, sse_chunks
 from app.server.translate_responses import ResponsesCall, ResponseTranslator, sse, to_chat
 from app.server.validate import parse_body
@@ -40,7 +41,7 @@ routes = web.RouteTableDef()
 async def create_response(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     call = to_chat(parse_body(raw))
-    request["model"] = call.model
+    request[MODEL] = call.model
     rt = request.app[RUNTIME]
     if (remote := remote_for(request, call.model)) is not None:
         if (missing := remote.capability_error("chat")) is not None:

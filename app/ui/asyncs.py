@@ -51,6 +51,8 @@ class Tasks:
         task = asyncio.ensure_future(guarded())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # a task cancelled before it first ran never awaited `coro`: close it (a no-op once it has run)
+        task.add_done_callback(lambda _t: coro.close())
         return task
 
     async def settle(self, limit: float = 60) -> None:
