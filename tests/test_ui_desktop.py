@@ -26,6 +26,7 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
+from app.ui.pages.library import COLUMNS  # noqa: E402
 from tests.conftest import wait_gone  # noqa: E402
 from tests.fakehub import FakeHub  # noqa: E402
 from tests.tinymodels import CHAT, write_tiny_gguf  # noqa: E402
@@ -136,10 +137,13 @@ def test_discover_download_chat_keys_tray_quit(
             await desk.tasks.settle(limit=90)
             lane = desk.runtime.supervisor.lanes[mid]
             assert str(lane.state) == "ready"
+            loaded, lane_col = COLUMNS.index("Loaded"), COLUMNS.index("Lane")
             await until(
-                lambda: any(lib.table.item(r, 5).text() == "ready" for r in range(lib.table.rowCount())),
+                lambda: any(lib.table.item(r, loaded).text() == "ready" for r in range(lib.table.rowCount())),
                 what="loaded column",
             )
+            # every row names the lane it runs (or would run) on: here all are GGUF, so llama.cpp
+            assert {lib.table.item(r, lane_col).text() for r in range(lib.table.rowCount())} == {"llama.cpp"}
             pid = lane.proc.pid
             # Explain of the loaded model: its predicted against measured memory
             dlg = await lib.explain(mid)

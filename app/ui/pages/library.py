@@ -27,12 +27,13 @@ from app.hardware.probe import read_memory
 from app.library.importer import import_model
 from app.library.listing import listing
 from app.library.remove import remove_model
+from app.routing.engines import title
 from app.ui import fmt
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.pages.tune import TunePanel
 
-COLUMNS = ["Name", "Format", "Quant", "Size", "Fit", "Loaded", "Last used", "Origin"]
+COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Loaded", "Last used", "Origin"]
 LOADED = ("ready", "starting")
 
 
@@ -99,6 +100,7 @@ class LibraryPage(Page):
             docs = listing(rt.library, rt.catalog)
             for d in docs:
                 d["fit_text"] = "-"
+                d["lane_text"] = "-"
                 if hw is None or d.get("problem"):
                     d["fit_text"] = "broken" if d.get("problem") else "-"
                     continue
@@ -111,6 +113,9 @@ class LibraryPage(Page):
                         pins=pins,
                         used=rt.supervisor.gpu_used(exclude=d["id"]),
                     )
+                    # the lane this model would start on (its pin wins), as `switchyard explain` says
+                    chosen = (doc.get("decision") or {}).get("lane")
+                    d["lane_text"] = title(chosen) if chosen else "none"
                     fit = doc.get("fit") or {}
                     v = {
                         "verdict": fit.get("verdict"),
@@ -134,6 +139,7 @@ class LibraryPage(Page):
                 d.get("format") or "-",
                 d.get("quant") or _quant(d) or "-",
                 fmt.size(size),
+                title(lane.plan.engine) if lane and lane.plan else d["lane_text"],  # running: where it runs
                 d["fit_text"],
                 str(lane.state) if lane and str(lane.state) != "stopped" else "no",
                 fmt.ago(d.get("last_used_at")),
@@ -142,7 +148,7 @@ class LibraryPage(Page):
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
                 item.setData(Qt.ItemDataRole.UserRole, d["id"])
-                if j == 3:
+                if j == COLUMNS.index("Size"):
                     item.setData(Qt.ItemDataRole.UserRole + 1, size)
                 self.table.setItem(i, j, item)
         self.table.setSortingEnabled(True)
