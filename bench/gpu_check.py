@@ -17,7 +17,6 @@ On a machine without an NVIDIA GPU, or without either engine, it says so and exi
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -188,19 +187,21 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: no NVIDIA GPU found (NVML); vLLM and SGLang cannot run here. Nothing to check.")
         return 0
     wanted = [e for e in args.engines.split(",") if e]
-    present = [e for e in wanted if importlib.util.find_spec(e) is not None]
+    kinds = engine_kinds()
+    settings = Settings(ctx_size=2048, parallel=4)
+    # installed as the lanes see it: an engine environment of its own (`switchyard engine install`) or this
+    # interpreter
+    present = [e for e in wanted if e in kinds and kinds[e].install(settings).installed]
     if not present:
         print(
-            f"gpu_check: none of {', '.join(wanted)} is installed in {sys.executable}; "
-            "`pip install vllm` (or sglang) there first."
+            f"gpu_check: none of {', '.join(wanted)} is installed; `switchyard engine install vllm` "
+            f"(or sglang), or `pip install vllm` into {sys.executable}, first."
         )
         return 0
     work = Path(tempfile.mkdtemp(prefix="sy-gpu-check-"))
     folder = args.model or write_small_model(work / "small-llama")
     model_id = "gpu-check"
     entry = ModelEntry(model_id, folder, None, None, format="safetensors", kind_name="chat")
-    kinds = engine_kinds()
-    settings = Settings(ctx_size=2048, parallel=4)
     report: dict[str, Any] = {
         "gpus": [g.public() for g in nvidia_cards(hw)],
         "model": str(folder),
