@@ -806,3 +806,12 @@ def test_pin_command_in_messages_quotes_the_model_id() -> None:
     assert "`switchyard pin 'my model' mistral.rs`" in message(d, "mistral.rs")
     d = route("gguf", model_id="Qwen/Qwen3-8B-GGUF:Q4_K_M")
     assert "`switchyard pin Qwen/Qwen3-8B-GGUF:Q4_K_M mistral.rs`" in message(d, "mistral.rs")
+
+
+def test_an_encoder_folder_is_turned_down_by_every_lane_with_the_reason() -> None:
+    bert = weights_folder(hf_config("BertModel", "bert"))
+    d = route(bert, "nvidia-8.9", installed=INSTALLED["all"])
+    assert d.lane is None
+    assert "BertModel (an encoder or classifier), not a text-generation model" in d.reasons[0]
+    # a generative head of any family still routes
+    assert route(weights_folder(hf_config("T5ForConditionalGeneration", "t5")), "nvidia-8.9").lane is not None

@@ -145,8 +145,11 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
     is_st = fmt.kind is ModelKind.SAFETENSORS
     quant = fmt.facts.quantization if is_st and isinstance(fmt.facts, SafetensorsModel) else None
     method, scheme = (quant.method, quant.scheme) if quant else (None, None)
+    encoder = (
+        is_st and isinstance(fmt.facts, SafetensorsModel) and _not_generative(fmt.facts.config.architectures)
+    )
     if fmt.kind is ModelKind.SAFETENSORS:
-        candidates = _safetensors_candidates(method)
+        candidates = () if encoder else _safetensors_candidates(method)
     else:
         candidates = _CANDIDATES.get(fmt.kind, ())
     archs = _architectures(fmt)
@@ -165,8 +168,24 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
 _UNKNOWN = "this is not a model format Switchyard knows; use a .gguf, a model folder or a speech model file"
 
 
+# the heads of models that generate text; a folder whose config names only other heads (BertModel,
+# XLMRobertaForSequenceClassification, ...) is an encoder or classifier that no chat lane serves
+_GENERATIVE_HEADS = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+def _not_generative(architectures: tuple[str, ...]) -> bool:
+    """True only when config.json names its classes and none of them generates text (unknown: False)."""
+    return bool(architectures) and not any(a.endswith(_GENERATIVE_HEADS) for a in architectures)
+
+
 def unroutable_reason(traits: ModelTraits) -> str | None:
-    """Why no lane reads a readable model at all (a quantization method none loads), or None."""
+    """Why no lane reads a readable model at all (an encoder, a quantization method none loads), or None."""
+    if traits.kind is ModelKind.SAFETENSORS and not traits.candidates and not traits.quant_method:
+        return (
+            f"it is a {traits.architecture or 'model'} (an encoder or classifier), not a text-generation "
+            "model; the safetensors lanes serve text-generation models (for embeddings, use a GGUF "
+            "embedding model)"
+        )
     if traits.kind is ModelKind.SAFETENSORS and traits.quant_method and not traits.candidates:
         return (
             f"its weights are quantized with {traits.quant_method!r}, which no lane here loads; "
