@@ -195,6 +195,8 @@ def test_discover_download_chat_keys_tray_quit(
             chat = w.show_page("Chat")
             cid = chat.new_conversation(model=mid)
             chat.max_tokens.setValue(12)
+            # random weights may pick end-of-text or half a UTF-8 character first: ask for all 12 tokens
+            desk.chats.configure(cid, sampling={"ignore_eos": True})
             task = chat.send("hello there")
             await asyncio.gather(task, return_exceptions=True)
             msgs = desk.chats.messages(cid)
