@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,37 +26,12 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.ui.pages.library import COLUMNS  # noqa: E402
+from tests.asyncwait import until  # noqa: E402
 from tests.conftest import wait_gone  # noqa: E402
 from tests.fakehub import FakeHub  # noqa: E402
 from tests.tinymodels import CHAT, write_tiny_gguf  # noqa: E402
 
 REPO = "acme/tiny-chat-GGUF"
-
-
-@pytest.fixture
-def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
-    from app.ui.main import make_qapp
-
-    make_qapp()
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
-
-
-async def until(check: Any, *, limit: float = 60, what: str = "condition") -> Any:
-    """Let the loop (Qt and asyncio both) run until check() is truthy."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while True:
-        value = check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def event(desk: Any, kind: str, *, limit: float = 60) -> dict[str, Any]:

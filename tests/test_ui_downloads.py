@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,32 +16,11 @@ qasync = pytest.importorskip("qasync")
 
 from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
+from tests.asyncwait import until  # noqa: E402
 from tests.fakehub import FakeHub  # noqa: E402
 
 REPO = "acme/blobs-GGUF"
 MIB = 1 << 20
-
-
-@pytest.fixture
-def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
-    from app.ui.main import make_qapp
-
-    make_qapp()
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
-
-
-async def until(check: Any, *, limit: float = 30, what: str = "condition") -> Any:
-    deadline = asyncio.get_running_loop().time() + limit
-    while not (value := check()):
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-    return value
 
 
 def test_pause_resume_cancel_and_failure(

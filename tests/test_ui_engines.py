@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +22,7 @@ from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.lanes import engine_install  # noqa: E402
 from app.lanes.engine_store import EngineState, EngineStore, InstalledVersion  # noqa: E402
-
-
-@pytest.fixture
-def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
-    from app.ui.main import make_qapp
-
-    make_qapp()
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
-
-
-async def until(check: Any, *, limit: float = 30, what: str = "condition") -> Any:
-    deadline = asyncio.get_running_loop().time() + limit
-    while not (value := check()):
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-    return value
+from tests.asyncwait import until  # noqa: E402
 
 
 def bare(store: EngineStore, version: str) -> InstalledVersion:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,6 @@ from PySide6.QtTest import QTest  # noqa: E402
 
 from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
-
-
-@pytest.fixture
-def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
-    from app.ui.main import make_qapp
-
-    make_qapp()
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
 
 
 def test_busy_port_single_instance_state_and_tray(
