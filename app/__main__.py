@@ -55,7 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--sd-server", dest="sd_server_path", help="path of a stable-diffusion.cpp sd-server binary"
     )
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="how much the server logs to stderr: debug, info (default), warning or error",
+    )
 
     ls = sub.add_parser("ls", help="list the models in the library")
     _models_dir_arg(ls)
@@ -79,12 +84,21 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="machine-readable output")
 
     doc = sub.add_parser("doctor", help="hardware, engines and anything wrong with this machine's set-up")
+    doc.add_argument(
+        "view",
+        nargs="?",
+        choices=["versions"],
+        help="versions: only the versions of Switchyard, Python, each engine and each package",
+    )
     doc.add_argument("--json", action="store_true", help="machine-readable output")
 
     pin = sub.add_parser("pin", help="always run a model on one lane (refused if that lane cannot run it)")
-    pin.add_argument("model", help="model id")
+    pin.add_argument("model", help="a model id from `switchyard ls`")
     pin.add_argument(
-        "lane", nargs="?", help="llama.cpp, mistral.rs, mlx, vllm, sglang, sd.cpp, whisper.cpp, piper"
+        "lane",
+        nargs="?",
+        help="the lane to run it on: llama.cpp, mistral.rs, mlx, vllm, sglang, sd.cpp, whisper.cpp, piper "
+        "(without it, print the pin)",
     )
     pin.add_argument("--clear", action="store_true", help="remove the pin")
     _models_dir_arg(pin)
@@ -279,8 +293,12 @@ def cmd_explain(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
-    from app.doctor import doctor, render_doctor
+    from app.doctor import doctor, render_doctor, render_versions, versions
 
+    if args.view == "versions":
+        found = versions(settings=load_settings(paths.settings_file))
+        print(json.dumps(found, indent=2) if args.json else render_versions(found))
+        return 0
     report = doctor(paths, settings=load_settings(paths.settings_file))
     print(json.dumps(report, indent=2) if args.json else render_doctor(report))
     return 1 if any(p["level"] == "error" for p in report["problems"]) else 0

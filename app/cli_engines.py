@@ -23,6 +23,7 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 
 EXIT_OK, EXIT_FAILED = 0, 1
+KIND_HELP = "an engine: piper, whisper.cpp, mlx, vllm, sglang, mistral.rs, llama.cpp"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,20 +34,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = es.add_parser("ls", help="every engine: installed version, pinned version, path, health")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     i = es.add_parser("install", help="install an engine into its own environment (pinned version)")
-    i.add_argument("kind", help="an engine: piper, whisper.cpp, mlx, vllm, sglang, mistral.rs, llama.cpp")
+    i.add_argument("kind", help=KIND_HELP)
     i.add_argument("--version", dest="engine_version", help="this version instead of the pinned one")
     u = es.add_parser("update", help="install the pinned version where the installed one differs")
     target = u.add_mutually_exclusive_group(required=True)
-    target.add_argument("kind", nargs="?", help="an engine")
+    target.add_argument("kind", nargs="?", help=KIND_HELP)
     target.add_argument("--all", action="store_true", help="every engine installed in its own environment")
     p = es.add_parser("pin", help="the version install and update use (default: the tested one)")
-    p.add_argument("kind")
+    p.add_argument("kind", help=KIND_HELP)
     p.add_argument("version", nargs="?", help="e.g. 1.7.0; without it, print the pin")
     p.add_argument("--clear", action="store_true", help="back to the version Switchyard tests")
     r = es.add_parser("rollback", help="switch back to the previous version (kept by each install)")
-    r.add_argument("kind")
+    r.add_argument("kind", help=KIND_HELP)
     rm = es.add_parser("remove", help="delete every version of an engine's environment and its pin")
-    rm.add_argument("kind")
+    rm.add_argument("kind", help=KIND_HELP)
 
 
 def run(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = ks.add_parser("list", help="names, creation times and last 4 characters (never the secret)")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     r = ks.add_parser("revoke", help="delete a key; clients using it get 401 from then on")
-    r.add_argument("name")
+    r.add_argument("name", help="the key's name, as `switchyard keys list` shows it")
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:

@@ -14,15 +14,16 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import cli_remote
 from app.core.errors import ModelInUseError, ServerNotRunningError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import Settings
-from app.library.catalog import Catalog
-from app.library.listing import listing
-from app.library.store import Library
+
+if TYPE_CHECKING:  # imported where used: the catalog pulls in numpy, which every other command skips
+    from app.library.catalog import Catalog
+    from app.library.store import Library
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,6 +59,8 @@ def _models_dir_arg(p: argparse.ArgumentParser) -> None:
 
 def open_catalog(settings: Settings, paths: Paths) -> tuple[Library, Catalog]:
     from app.hub.config import hub_config
+    from app.library.catalog import Catalog
+    from app.library.store import Library
 
     library = Library.open(paths)
     for notice in library.notices:
@@ -81,6 +84,8 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
 
 
 def cmd_ls(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
+    from app.library.listing import listing
+
     library, catalog = open_catalog(settings, paths)
     try:
         models = listing(library, catalog)

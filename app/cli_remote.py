@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     rsub.add_parser("ls", help="list the remotes and their state")
     rm = rsub.add_parser("rm", help="remove a remote and its key")
-    rm.add_argument("name")
+    rm.add_argument("name", help="the remote's name, as `switchyard remote ls` shows it")
     chk = rsub.add_parser("check", help="check a remote now (exit 1 unless it is ready)")
-    chk.add_argument("name")
+    chk.add_argument("name", help="the remote's name, as `switchyard remote ls` shows it")
     for p in (add, rm, chk, rsub.choices["ls"]):
         p.add_argument("--url", dest="server_url", help="server address (default: the running server)")
         p.add_argument("--api-key", help="key for a server that requires one (default: $SWITCHYARD_API_KEY)")

@@ -1,11 +1,16 @@
-"""`switchyard doctor`: the hardware snapshot, each lane's install state, and anything wrong."""
+"""`switchyard doctor`: the hardware snapshot, each lane's install state, and anything wrong;
+`switchyard doctor versions`: only the versions (Switchyard, Python, each engine, each package it runs on)."""
 
 from __future__ import annotations
 
+import platform
+import re
 import shutil
 import socket
+from importlib import metadata
 from typing import Any
 
+from app import __version__
 from app.cli_library import open_catalog
 from app.cli_remote import doctor_rows
 from app.core.errors import SettingsError
@@ -16,6 +21,10 @@ from app.hardware.probe import probe
 from app.lanes.installed import installed_lanes, lane_report
 
 LOW_DISK = 10 << 30
+# the extras whose packages a user runs on; "test" and "package" are for building Switchyard itself
+USER_EXTRAS = ("gui",)
+_REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
 
 
 def _problem(level: str, message: str) -> dict[str, str]:
@@ -139,4 +148,49 @@ def render_doctor(r: dict[str, Any]) -> str:
     if r["problems"]:
         lines.append("notes:")
         lines += [f"  [{p['level']}] {p['message']}" for p in r["problems"]]
+    return "\n".join(lines)
+
+
+def _packages() -> list[str]:
+    """The distributions Switchyard declares (core and the gui extra), from its installed metadata;
+    empty where that metadata is absent (a frozen build)."""
+    try:
+        reqs = metadata.requires("switchyard") or []
+    except metadata.PackageNotFoundError:
+        return []
+    names: list[str] = []
+    for req in reqs:
+        extra = _EXTRA.search(req)
+        found = _REQ_NAME.match(req)
+        if found and (extra is None or extra.group(1) in USER_EXTRAS) and found.group(0) not in names:
+            names.append(found.group(0))
+    return names
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions(*, settings: Settings) -> dict[str, Any]:
+    """Switchyard's version, Python's, each lane's engine (None: not installed) and each declared package
+    (None: not installed); nothing is probed beyond what is installed."""
+    return {
+        "switchyard": __version__,
+        "python": platform.python_version(),
+        "engines": {
+            lane: install.version if install.installed else None
+            for lane, install in installed_lanes(settings).items()
+        },
+        "packages": {name: _installed_version(name) for name in _packages()},
+    }
+
+
+def render_versions(v: dict[str, Any]) -> str:
+    lines = [f"switchyard {v['switchyard']}", f"python     {v['python']}", "engines:"]
+    lines += [f"  {lane:<12} {ver or 'not installed'}" for lane, ver in v["engines"].items()]
+    lines.append("packages:")
+    lines += [f"  {name:<20} {ver or 'not installed'}" for name, ver in v["packages"].items()]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, ModelInfo
 
 from app.core.errors import BadRequestError, HubAuthError, HubGatedError
 from app.hub import client
@@ -30,13 +30,13 @@ FORMAT_FILTERS = {
     "whisper": "whisper",
     "piper": "piper",
 }
-# --sort NAME -> huggingface_hub's sort key (always descending)
+# --sort NAME -> the hub's `sort` query value on /api/models (always descending)
 SORTS = {
     "downloads": "downloads",
     "likes": "likes",
-    "updated": "last_modified",
-    "created": "created_at",
-    "trending": "trending_score",
+    "updated": "lastModified",
+    "created": "createdAt",
+    "trending": "trendingScore",
 }
 MAX_PAGE_SIZE = 100
 MAX_PAGES = 100  # page K asks the hub for K * size results; deeper pages need a narrower query
@@ -244,16 +244,16 @@ class HubClient:
         q = query.check()
         client.prepare(self.config, "a search")
         skip = (q.page - 1) * q.size
+        params: dict[str, Any] = {"sort": SORTS[q.sort], "limit": skip + q.size + 1}  # +1: a next page?
+        for key, value in (("search", q.text), ("author", q.author)):
+            if value:
+                params[key] = value
+        if q.format:
+            params["filter"] = FORMAT_FILTERS[q.format]
+        # not HfApi.list_models: it retries a dead hub for ~24 s; quick_pages fails in seconds
         with hub_errors(self.config):
-            items = self.api.list_models(
-                search=q.text or None,
-                filter=FORMAT_FILTERS[q.format] if q.format else None,
-                author=q.author or None,
-                sort=SORTS[q.sort],  # type: ignore[arg-type]
-                limit=skip + q.size + 1,  # one more than shown: is there a next page?
-                token=client.token_arg(self.config),
-            )
-            window = list(islice(items, skip, skip + q.size + 1))
+            items = client.quick_pages(self.config, f"{self.config.endpoint}/api/models", params=params)
+            window = [ModelInfo(**{"siblings": None, **m}) for m in islice(items, skip, skip + q.size + 1)]
         hits = [
             SearchHit(
                 id=m.id,

@@ -10,17 +10,27 @@ changes, because replacing it closes the shared client under any transfer that i
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 from huggingface_hub import constants
 from huggingface_hub.utils import _http as hf_http
+from huggingface_hub.utils import hf_raise_for_status
 
+from app import __version__
 from app.core.errors import HubOfflineError
 from app.hub.config import HubConfig
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # per read; a download streams for longer than this, a stalled read does not
+# a listing the user waits for: an unreachable or hung hub must fail in seconds, not after
+# huggingface_hub's ~24 s of retries with backoff
+QUICK_TIMEOUT = httpx2.Timeout(1.5, connect=2.0)
+QUICK_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+QUICK_RETRY_PAUSE_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -75,3 +85,38 @@ def session(config: HubConfig) -> httpx2.Client:
 def token_arg(config: HubConfig) -> str | bool:
     """What huggingface_hub's `token=` gets: ours, or False so it never falls back to a token of its own."""
     return config.token.reveal() if config.token is not None else False
+
+
+def quick_get(config: HubConfig, url: str, *, params: dict[str, Any] | None = None) -> httpx2.Response:
+    """One GET on the shared client, bounded by QUICK_TIMEOUT; an answer of 429/5xx is asked once more
+    (the hub is up), a connection failure or a timeout is not (it would only make the user wait).
+    Raises httpx2 errors; wrap the call in app.hub.errors.hub_errors."""
+    http = session(config)
+    headers = quick_headers(config)
+    r = http.get(url, params=params, headers=headers, timeout=QUICK_TIMEOUT)
+    if r.status_code in QUICK_RETRY_STATUS:
+        time.sleep(QUICK_RETRY_PAUSE_S)
+        r = http.get(url, params=params, headers=headers, timeout=QUICK_TIMEOUT)
+    return r
+
+
+def quick_headers(config: HubConfig) -> dict[str, str]:
+    """Our own user agent and the token: huggingface_hub's build_hf_headers first asks the endpoint for
+    its agent-harness list (3 s more against a hung hub, and a request the user did not ask for)."""
+    headers = {"user-agent": f"switchyard/{__version__}"}
+    if config.token is not None:
+        headers["authorization"] = f"Bearer {config.token.reveal()}"
+    return headers
+
+
+def quick_pages(config: HubConfig, url: str, *, params: dict[str, Any]) -> Iterator[Any]:
+    """The items of a paginated hub listing (a JSON list per page, the next page in the Link header),
+    each page fetched with `quick_get`; stop iterating to stop asking."""
+    next_url: str | None = url
+    page_params: dict[str, Any] | None = params
+    while next_url is not None:
+        r = quick_get(config, next_url, params=page_params)
+        hf_raise_for_status(r)
+        yield from r.json()
+        next_url = r.links.get("next", {}).get("url")
+        page_params = None  # the Link URL carries the query already
