@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
@@ -24,10 +24,8 @@ from app.ui.bridge import Bridge
 from app.ui.server_ctl import ServerControl
 from app.ui.single import InstanceServer
 from app.ui.state import UiState
-
-if TYPE_CHECKING:
-    from app.ui.tray import Tray
-    from app.ui.window import MainWindow
+from app.ui.tray import Tray
+from app.ui.window import MainWindow
 
 log = logging.getLogger("switchyard.ui")
 
@@ -47,15 +45,12 @@ class Desktop:
         self.closing = False  # every notification shown (the tray may not exist)
 
     async def __aenter__(self) -> Desktop:
-        from app.ui.tray import Tray
-        from app.ui.window import MainWindow
-
         # the catalog's first scan reads model headers: off the UI thread
         self.runtime = await asyncio.to_thread(Runtime, settings=self.settings, paths=self.paths)
         self.server = ServerControl(self.runtime, self.paths)
         await self.server.setup()
         try:
-            await self._build(MainWindow, Tray)
+            await self._build()
         except BaseException:  # a window that cannot be built must not leave engines or the socket behind
             await self.server.close()
             raise
@@ -70,7 +65,7 @@ class Desktop:
         self.window.show()
         return self
 
-    async def _build(self, window_cls: Any, tray_cls: Any) -> None:
+    async def _build(self) -> None:
         from app.ui import theme
 
         self.bridge = Bridge(self.runtime.bus)
@@ -79,8 +74,8 @@ class Desktop:
         self.chats = ChatStore(self.paths.home / "chat.db")
         self.theme = theme.apply(self.qapp)
         self.theme.set(str(self.state.get("theme", "system")))
-        self.window = window_cls(self)
-        self.tray = tray_cls(self)
+        self.window = MainWindow(self)
+        self.tray = Tray(self)
         self.instance = InstanceServer(self.paths, self.bring_forward)
         self.bridge.received.connect(self._on_event)
 

@@ -10,13 +10,14 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTableWidgetItem
 from app.core.errors import EngineInstallError
 from app.lanes import engine_install
 from app.lanes.engine_list import engine_rows
+from app.ui.context import Desk
 from app.ui.pages import table
 
 _WHERE = {"managed": "own environment", "app": "Switchyard's Python", "path": "binary"}
 
 
 class EnginesPanel(QWidget):
-    def __init__(self, desk: Any, *, report: Any) -> None:
+    def __init__(self, desk: Desk, *, report: Any) -> None:
         super().__init__()
         self.desk = desk
         self.report = report

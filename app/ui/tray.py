@@ -11,11 +11,11 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from app.ui.icons import app_icon
 
 if TYPE_CHECKING:
-    from app.ui.desktop import Desktop
+    from app.ui.context import Desk
 
 
 class Tray(QSystemTrayIcon):
-    def __init__(self, desk: Desktop) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(app_icon(running=False))
         self.desk = desk
         self.menu = QMenu()

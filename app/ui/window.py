@@ -21,24 +21,23 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui.icons import app_icon
+from app.ui.pages.chat import ChatPage
+from app.ui.pages.discover import DiscoverPage
+from app.ui.pages.hardware import HardwarePage
+from app.ui.pages.lanes import LanesPage
+from app.ui.pages.library import LibraryPage
+from app.ui.pages.server import ServerPage
+from app.ui.pages.settings import SettingsPage
 
 if TYPE_CHECKING:
-    from app.ui.desktop import Desktop
+    from app.ui.context import Desk
 
 PAGES = ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings")
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, desk: Desktop) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__()
-        from app.ui.pages.chat import ChatPage
-        from app.ui.pages.discover import DiscoverPage
-        from app.ui.pages.hardware import HardwarePage
-        from app.ui.pages.lanes import LanesPage
-        from app.ui.pages.library import LibraryPage
-        from app.ui.pages.server import ServerPage
-        from app.ui.pages.settings import SettingsPage
-
         self.desk = desk
         self.quitting = False
         self.setWindowTitle("Switchyard")

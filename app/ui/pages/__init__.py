@@ -1,4 +1,5 @@
-"""The window's pages. Each takes the Desktop; reads core state off the UI thread; follows bus events."""
+"""The window's pages. Each takes the Desk (ui/context.py), reads core state off the UI thread, follows
+bus events."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QVBoxLayout, QWidget
 
 if TYPE_CHECKING:
-    from app.ui.desktop import Desktop
+    from app.ui.context import Desk
 
 
 class Page(QWidget):
     title = ""
     hint = ""
 
-    def __init__(self, desk: Desktop) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__()
         self.desk = desk
         self.root = QVBoxLayout(self)

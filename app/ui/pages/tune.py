@@ -20,11 +20,11 @@ from app.hardware.probe import read_memory
 from app.routing.engines import LANES
 
 if TYPE_CHECKING:
-    from app.ui.desktop import Desktop
+    from app.ui.context import Desk
 
 
 class TunePanel(QGroupBox):
-    def __init__(self, desk: Desktop) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__("Settings for the selected model")
         self.desk = desk
         self.model: str | None = None
@@ -184,7 +184,7 @@ def _largest(fit: dict[str, Any]) -> str:
     return advice or "Nothing fits on this machine."
 
 
-def _overrides(desk: Desktop) -> dict[str, dict[str, Any]]:
+def _overrides(desk: Desk) -> dict[str, dict[str, Any]]:
     try:
         return dict(load_settings(desk.paths.settings_file).model_overrides)
     except SettingsError:
