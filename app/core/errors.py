@@ -82,6 +82,33 @@ class EngineCrashedError(SwitchyardError):
     source = "engine"
 
 
+class UpstreamRefusedError(SwitchyardError):
+    """An engine or a remote answered an error status: its status, message, type and code are kept, and
+    `source` says whose answer it was ("engine", "remote")."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        source: str,
+        etype: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.status = status
+        self.source = source
+        # the engine's own 5xx is an engine_error; a remote's is a server error on its side
+        server_side = "engine_error" if source == "engine" else "server_error"
+        self.type = etype or ("invalid_request_error" if status < 500 else server_side)
+        self.code = code or f"{source}_http_{status}"
+
+
+class ModelHasNoVisionError(BadRequestError):
+    code = "model_has_no_vision"
+
+
 class EngineUnavailableError(SwitchyardError):
     """No runtime for the lane is installed (neither xllamacpp nor a llama-server binary)."""
 

@@ -15,6 +15,7 @@ present. Header keys come from the first part, tensors from all of them.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from app.formats.gguf_layout_parts import (
     int_key,
     key_text,
     open_parts,
+    part_paths,
 )
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, facts_from_reader
 from app.formats.gguf_rules import (
@@ -231,8 +233,40 @@ class GGUFLayout:
         }
 
 
+# Layouts already read, by the identity of their files: a lane start re-plans from the header each time, and
+# parsing it (the vocabulary above all) costs tens of milliseconds before the engine can be spawned. A file
+# that is replaced, rewritten or touched has another identity and is read afresh.
+_READ: dict[tuple[tuple[str, int, int, int, int], ...], GGUFLayout] = {}
+_READ_MAX = 64
+
+
+def _identity(path: Path | Sequence[Path]) -> tuple[tuple[str, int, int, int, int], ...] | None:
+    paths = part_paths(path) if isinstance(path, Path) else tuple(path)
+    if isinstance(paths, GGUFProblem) or not paths:
+        return None
+    try:
+        stats = [(str(p), os.stat(p)) for p in paths]
+    except OSError:
+        return None
+    return tuple(sorted((n, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for n, st in stats))
+
+
 def read_gguf_layout(path: Path | Sequence[Path]) -> GGUFLayout | GGUFProblem:
-    """The layout of the GGUF at `path` (any part of a multi-part model, or all its parts)."""
+    """The layout of the GGUF at `path` (any part of a multi-part model, or all its parts); a file read
+    before and unchanged since is not parsed again."""
+    key = _identity(path)
+    known = _READ.get(key) if key is not None else None
+    if known is not None:
+        return known
+    got = _read_layout(path)
+    if key is not None and isinstance(got, GGUFLayout):
+        if len(_READ) >= _READ_MAX:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = got
+    return got
+
+
+def _read_layout(path: Path | Sequence[Path]) -> GGUFLayout | GGUFProblem:
     parts = open_parts(path)
     if isinstance(parts, GGUFProblem):
         return parts

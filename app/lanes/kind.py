@@ -74,11 +74,20 @@ class EngineKind(Protocol):
         ...
 
 
+# Versions found in this interpreter: reading one parses the package's whole METADATA (milliseconds), and
+# every lane start asks several times. Only found versions are kept, so a package installed later is seen.
+_VERSIONS: dict[str, str] = {}
+
+
 def dist_version(dist: str) -> str | None:
+    if dist in _VERSIONS:
+        return _VERSIONS[dist]
     try:
-        return importlib.metadata.version(dist)
+        version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+    _VERSIONS[dist] = version
+    return version
 
 
 @dataclass(frozen=True)

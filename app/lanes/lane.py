@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -24,6 +25,10 @@ from app.core.settings import Settings
 from app.lanes.footprint import Footprint, parse_footprint
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
+from app.lanes.target import refusal_error
+
+log = logging.getLogger("switchyard.lanes")
+FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
 
 
 class LaneState(StrEnum):
@@ -75,6 +80,11 @@ class Lane:
         self.measured: Footprint | None = None
         self.ttl_override: float | None = None  # seconds (< 0: never); set per request by Ollama's keep_alive
         self._stop_requested = False
+        self._since = time.monotonic()  # when the current state began (for the transition log lines)
+        self._ready_for: float | None = None  # seconds the last ready spell lasted, once it ended
+        self._recorder: asyncio.Task[None] | None = None
+        self._log_mark = 0  # ring.added when the current engine was started
+        self._vision: tuple[int | None, bool] | None = None  # (engine pid, has a projector), from /props
         self._startup: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -102,6 +112,38 @@ class Lane:
     def broken(self, exc: BaseException | None = None) -> SwitchyardError:
         """The error for a request whose connection to the engine broke (`exc`: how it broke)."""
         return crashed_error(self)
+
+    def refused(self, status: int, data: bytes) -> SwitchyardError:
+        """The engine's error answer as our error (its status, message, type and code kept)."""
+        return refusal_error(status, data, who=f"the engine for {self.model_id!r}", source="engine")
+
+    def slot_context(self) -> tuple[int, int, int] | None:
+        """(tokens per request, total context, parallel slots) of a llama.cpp plan; other engines check the
+        prompt length themselves (None)."""
+        if self.plan is None or self.plan.engine != "llama.cpp":
+            return None
+        p = self.plan.params
+        if p.ctx_size <= 0 or p.parallel <= 0:
+            return None
+        return p.ctx_size // p.parallel, p.ctx_size, p.parallel
+
+    async def sees_images(self, http: aiohttp.ClientSession) -> bool | None:
+        """Whether the running engine has a vision projector loaded (llama.cpp's /props), asked once per
+        engine process; other engines answer for themselves (None)."""
+        if self.engine != "llama.cpp":
+            return None
+        key = self.proc.pid if self.proc is not None else None
+        if self._vision is not None and self._vision[0] == key:
+            return self._vision[1]
+        try:
+            async with http.get(self.base_url + "/props", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                props = await r.json(content_type=None) if r.status == 200 else {}
+        except (aiohttp.ClientError, OSError, ValueError, TimeoutError):
+            return False
+        modalities = props.get("modalities") if isinstance(props, dict) else None
+        seen = isinstance(modalities, dict) and bool(modalities.get("vision"))
+        self._vision = (key, seen)
+        return seen
 
     async def ensure_ready(self) -> None:
         if self.available:
@@ -149,7 +191,7 @@ class Lane:
         if self.measured is None or self.state is not LaneState.READY or self.proc is None:
             return None
         if self.measured.empty:  # the load lines may have arrived just after readiness
-            self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
+            self.measured = parse_footprint(self.ring.since(self._log_mark))
         out = self.measured.public()
         try:
             p = psutil.Process(self.proc.pid)
@@ -165,6 +207,17 @@ class Lane:
         if state is self.state:
             return
         previous, self.state = self.state, state
+        now = time.monotonic()
+        held, self._since = now - self._since, now
+        if state is not LaneState.STOPPED:  # a stop's own line tells how long the lane had been ready
+            self._ready_for = held if previous is LaneState.READY else None
+        engine = self.plan.engine if self.plan else self.engine
+        log.info(
+            "lane %s (%s): %s",
+            self.model_id,
+            engine,
+            transition_text(state, previous, held=held, ready_for=self._ready_for, reason=reason),
+        )
         self.bus.publish(
             "lane.state",
             lane=self.id,
@@ -227,6 +280,7 @@ class Lane:
         except SwitchyardError as exc:  # model gone or broken, no runtime: the caller gets that error itself
             self._fail(exc.message)
             raise
+        self._log_mark = self.ring.added  # this start's lines are read for its footprint, not the whole ring
         self.ring.add(f"--- switchyard: starting {self.model_id} with {self.plan.runtime} at {time.ctime()}")
         self.port = self.plan.port
 
@@ -242,26 +296,13 @@ class Lane:
             self._fail(msg)
             raise EngineStartError(f"engine for {self.model_id!r} failed to start: {msg}") from exc
         await self._await_ready(self.proc)
-        # stderr (the buffer sizes) and stdout (the port) are separate pipes: the load lines may still be
-        # on their way when the engine already answers /health, so give the reader a moment to take them
-        self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
-        # only llama.cpp logs its buffer sizes; other kinds are measured by their resident memory alone
-        for _ in range(50 if self.plan.engine == "llama.cpp" else 0):
-            if not self.measured.empty:
-                break
-            await asyncio.sleep(0.02)
-            self.measured = parse_footprint(self.ring.tail(self.settings.log_ring_lines))
+        self.measured = parse_footprint(self.ring.since(self._log_mark))
         self.proc.batch_output = True
         self.started_at = time.time()
         self.last_used = time.time()
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
         self._set(LaneState.READY)
-        if self._on_ready is not None:
-            try:
-                self._on_ready(self)
-            except Exception as exc:  # recording is a nicety; a failure must not fail the lane
-                self.ring.add(f"--- switchyard: could not record the measured footprint: {exc}")
         self.bus.publish(
             "lane.ready",
             lane=self.id,
@@ -271,9 +312,29 @@ class Lane:
             runtime=self.plan.runtime,
             params=self.plan.public()["params"],
         )
+        self._recorder = asyncio.create_task(self._record_footprint(proc))
+
+    async def _record_footprint(self, proc: EngineProcess) -> None:
+        """Hand the measured footprint to `on_ready` once it is in, off the readiness path: stderr
+        (llama.cpp's buffer lines) and stdout (the ready line) are separate pipes, so those lines may
+        trail readiness."""
+        # only llama.cpp logs its buffer sizes; other kinds are measured by their resident memory alone
+        llama = self.plan is not None and self.plan.engine == "llama.cpp"
+        deadline = time.monotonic() + (FOOTPRINT_WAIT_S if llama else 0)
+        while self.measured is not None and self.measured.empty and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            if proc is not self.proc or self.state is not LaneState.READY:
+                return
+            self.measured = parse_footprint(self.ring.since(self._log_mark))
+        if self._on_ready is not None and proc is self.proc:
+            try:
+                self._on_ready(self)
+            except Exception as exc:  # recording is a nicety; a failure must not fail the lane
+                self.ring.add(f"--- switchyard: could not record the measured footprint: {exc}")
 
     async def _await_ready(self, proc: EngineProcess) -> None:
-        """Poll the health route until 200; the stall deadline moves while the engine shows progress."""
+        """Ready when the engine says so on stdout (our workers do), else when its health route answers 200;
+        the stall deadline moves while the engine shows progress."""
         plan = self.plan
         assert plan is not None
         t0 = time.monotonic()
@@ -287,6 +348,8 @@ class Lane:
                 await proc.terminate(grace=self.settings.stop_grace_s)
                 self._set(LaneState.STOPPED, reason="stopped while starting")
                 raise EngineStartError(f"start of {self.model_id!r} was cancelled by a stop request")
+            if proc.reported_ready.is_set():
+                return
             now = time.monotonic()
             if proc.ring.last_output != last_seen:
                 last_seen = proc.ring.last_output
@@ -312,7 +375,8 @@ class Lane:
                             deadline = max(deadline, now + self.settings.start_stall_s)
                 except (TimeoutError, aiohttp.ClientError):
                     pass
-            await asyncio.sleep(0.02 if now - t0 < 1 else 0.1)
+            with contextlib.suppress(TimeoutError):  # woken at once by the engine's own ready line
+                await asyncio.wait_for(proc.reported_ready.wait(), 0.02 if now - t0 < 1 else 0.1)
 
     def _with_tail(self, msg: str) -> str:
         tail = [ln for ln in self.ring.tail(12) if not ln.startswith("--- switchyard")]
@@ -357,6 +421,23 @@ class Lane:
         self.draining = False
         self.ttl_override = None
         self._set(LaneState.STOPPED, reason=reason)
+
+
+def transition_text(
+    state: LaneState, previous: LaneState, *, held: float, ready_for: float | None, reason: str | None
+) -> str:
+    """A transition as the server log tells it: the new state, why, and how long the previous one lasted
+    (`held`; `ready_for`: how long the lane served before the stop that is ending)."""
+    why = (reason or "").split("; engine log:")[0]  # the engine's own lines are in the lane's log
+    if state is LaneState.STARTING:
+        return "starting" + (" again after a failure" if previous is LaneState.FAILED else "")
+    if state is LaneState.READY:
+        return f"ready in {held:.2f} s"
+    if state is LaneState.FAILED:
+        return f"failed: {why} after {held:.1f} s {previous}"
+    if state is LaneState.STOPPED and previous is LaneState.STOPPING and ready_for is not None:
+        return f"stopped ({why}) after {ready_for:.1f} s ready; the stop took {held:.2f} s"
+    return f"{state} ({why}) after {held:.1f} s {previous}"
 
 
 def crashed_error(lane: Lane) -> EngineCrashedError:

@@ -1,18 +1,21 @@
 """`python -m app.lanes.llamacpp_worker --ppid N --params JSON`: host llama.cpp's HTTP server.
 
 xllamacpp runs llama.cpp's own C++ server inside this process on a free loopback port. We
-print one JSON line `{"switchyard": "listening", "port": P}` on stdout when it answers, exit 0
-on SIGTERM, and exit on our own when the parent process is gone.
+print one JSON line `{"switchyard": "listening", "port": P, "ready": true}` on stdout once the
+model is loaded and the server answers (the lane takes that as readiness, without polling),
+exit 0 on SIGTERM, and exit on our own when the parent process is gone.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from app.lanes.parentwatch import set_pdeathsig, watch_parent
@@ -34,6 +37,10 @@ _FA = {
     "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
     "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
 }
+LOAD_VERBOSITY = 4  # level 4 prints the buffer sizes that the measured footprint is read from
+# serving: info and up (a request's timings, warnings, errors): level 4 writes ~3x the lines per request,
+# and every line costs the gateway CPU to read
+SERVE_VERBOSITY = 3
 
 
 def _common_params(x: Any, p: LlamaParams) -> Any:
@@ -53,11 +60,27 @@ def _common_params(x: Any, p: LlamaParams) -> Any:
     cp.hostnames = ["127.0.0.1"]
     cp.port = 0
     cp.cache_ram_mib = p.cache_ram_mib
-    cp.verbosity = 4  # level 4 prints the buffer sizes that the measured footprint is read from
+    cp.verbosity = LOAD_VERBOSITY
     if p.embedding:
         cp.embedding = True
         cp.pooling_type = getattr(x.llama_pooling_type, f"LLAMA_POOLING_TYPE_{(p.pooling or 'mean').upper()}")
     return cp
+
+
+def _quiet_llama_log(x: Any) -> None:
+    """Write out llama.cpp's queued load lines (its logger runs on a thread) before we say we are ready,
+    then lower its verbosity for serving. Both are C++ functions the wheel exports but does not wrap;
+    without them the lane still works, reading the lines as they come and more of them per request."""
+    try:
+        lib = ctypes.CDLL(x.xllamacpp.__file__)
+        main_log = lib._Z15common_log_mainv  # common_log_main()
+        main_log.restype = ctypes.c_void_p
+        flush = lib._Z16common_log_flushP10common_log  # common_log_flush(common_log *)
+        flush.argtypes = [ctypes.c_void_p]
+        flush(main_log())
+        lib._Z30common_log_set_verbosity_tholdi(ctypes.c_int(SERVE_VERBOSITY))
+    except (OSError, AttributeError) as exc:
+        print(f"switchyard-worker: cannot adjust llama.cpp's log ({exc}); keeping it", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,14 +101,18 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     import xllamacpp  # imported late: a missing wheel is reported by the parent, not a traceback here
 
+    t0 = time.monotonic()
     try:
         server = xllamacpp.Server(_common_params(xllamacpp, params))
     except RuntimeError as exc:
         print(f"switchyard-worker: llama.cpp could not load the model: {exc}", file=sys.stderr, flush=True)
         return 5
+    load_s = time.monotonic() - t0
+    # Server() returns once the model is loaded and the socket listens (its first /health answers 200)
     address = str(server.listening_address)
     port = int(address.rsplit(":", 1)[1].split("/")[0])
-    print(json.dumps({"switchyard": "listening", "port": port}), flush=True)
+    _quiet_llama_log(xllamacpp)
+    print(json.dumps({"switchyard": "listening", "port": port, "ready": True, "load_s": load_s}), flush=True)
     while not stop.wait(0.5):
         pass
     del server  # joins llama.cpp's loop and frees the model

@@ -49,6 +49,7 @@ class LogRing:
             file.parent.mkdir(parents=True, exist_ok=True)
             self._fh = file.open("a", encoding="utf-8", errors="replace")
         self.last_output = time.monotonic()
+        self.added = 0  # lines ever added: a reader marks where its part begins (`since`)
 
     def add(self, line: str) -> None:
         self.add_many([line])
@@ -58,6 +59,7 @@ class LogRing:
         if not lines:
             return
         self.lines.extend(lines)
+        self.added += len(lines)
         self.last_output = time.monotonic()
         if self._fh is not None:
             try:
@@ -69,6 +71,10 @@ class LogRing:
 
     def tail(self, n: int = 20) -> list[str]:
         return list(self.lines)[-n:] if n > 0 else []
+
+    def since(self, mark: int) -> list[str]:
+        """The lines added after `added` was `mark` (those still in the ring)."""
+        return self.tail(min(self.added - mark, len(self.lines)))
 
     def close(self) -> None:
         if self._fh is not None:
@@ -84,6 +90,8 @@ class EngineProcess:
         self.ring = ring
         self._on_port = on_port
         self.batch_output = False
+        # set when the engine says on stdout that it serves (our workers do): no health polling needed
+        self.reported_ready = asyncio.Event()
         self._readers = [
             asyncio.create_task(self._read(proc.stdout, "out")),
             asyncio.create_task(self._read(proc.stderr, "err")),
@@ -118,34 +126,59 @@ class EngineProcess:
         if stream is None:
             return
         pending = b""
+        pipe = self._pipe(1 if tag == "out" else 2)
         while True:
             if self.batch_output:
                 # once the engine serves, its per-request chatter is read in batches: waking the gateway's
-                # event loop for every log line costs it milliseconds of CPU per request
+                # event loop for every log line costs it CPU per request. The pipe itself is left unread
+                # meanwhile (the kernel holds the lines), else the loop still wakes for each write.
+                if pipe is not None:
+                    pipe.pause_reading()
                 await asyncio.sleep(BATCH_INTERVAL_S)
+                if pipe is not None:
+                    pipe.resume_reading()
             # whole chunks, not lines: one wake-up for everything the engine wrote since the last one
             raw = await stream.read(1 << 20)
             if not raw:
                 if pending:
-                    self._take([pending], tag)
+                    self._take(pending, tag)
                 return
-            parts = (pending + raw).split(b"\n")
-            pending = parts.pop()
-            if len(pending) > 65536:  # a runaway line without a newline: keep it in pieces
-                parts.append(pending)
-                pending = b""
-            self._take(parts, tag)
+            data = pending + raw
+            cut = data.rfind(b"\n")
+            if cut < 0 and len(data) <= 65536:
+                pending = data
+                continue
+            if cut < 0:  # a runaway line without a newline: keep it in pieces
+                cut = len(data)
+            pending = data[cut + 1 :]
+            self._take(data[:cut], tag)
 
-    def _take(self, parts: list[bytes], tag: str) -> None:
-        lines = [p.decode("utf-8", errors="replace").rstrip("\r") for p in parts]
-        if tag == "out":
+    def _pipe(self, fd: int) -> asyncio.ReadTransport | None:
+        """The read transport of the child's `fd`, where the loop exposes it (asyncio's and uvloop's do)."""
+        transport = getattr(self.proc, "_transport", None)
+        get = getattr(transport, "get_pipe_transport", None)
+        pipe = get(fd) if get is not None else None
+        return pipe if hasattr(pipe, "pause_reading") and hasattr(pipe, "resume_reading") else None
+
+    def _take(self, chunk: bytes, tag: str) -> None:
+        """Whole lines of one read: decoded and split once, appended to the ring in one go."""
+        text = chunk.decode("utf-8", errors="replace")
+        if "\r" in text:  # CRLF endings (the chunk's last newline is cut off already)
+            text = text.replace("\r\n", "\n").removesuffix("\r")
+        lines = text.split("\n")
+        if tag == "out" and '{"switchyard"' in text:
             for line in lines:
                 if line.startswith('{"switchyard"'):
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        msg = json.loads(line)
-                        if msg["switchyard"] == "listening":
-                            self._on_port(int(msg["port"]))
+                    self._control(line)
         self.ring.add_many(lines)
+
+    def _control(self, line: str) -> None:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            msg = json.loads(line)
+            if msg["switchyard"] == "listening":
+                self._on_port(int(msg["port"]))
+                if msg.get("ready") is True:
+                    self.reported_ready.set()
 
     async def drain_output(self, wait_s: float = 1.0) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

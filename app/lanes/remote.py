@@ -29,6 +29,7 @@ from app.core.events import EventBus
 from app.core.secrets import Secret
 from app.lanes.lane import Lane
 from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
+from app.lanes.target import refusal_error
 
 CHECK_TIMEOUT_S = 5.0
 # What a model of each kind can do; a remote that says no kind (vLLM, SGLang) is asked anything, and
@@ -36,6 +37,7 @@ CHECK_TIMEOUT_S = 5.0
 _KIND_CAPS = {
     "chat": frozenset({"chat", "completions", "tools"}),
     "embedding": frozenset({"embeddings"}),
+    "rerank": frozenset({"rerank"}),
     "speech": frozenset({"speech"}),
     "image": frozenset({"images"}),
     "transcription": frozenset({"transcription", "translation"}),
@@ -246,6 +248,22 @@ class RemoteLane:
             f"{self.remote.spec.url} was lost); retry, and if it persists `switchyard remote check "
             f"{self.remote.name}`"
         )
+
+    def refused(self, status: int, data: bytes) -> SwitchyardError:
+        """The remote's error answer: our key refused -> a 502 `remote_auth_failed` (the client's own key
+        was fine, and the remote is marked so); anything else with its status, message, type and code."""
+        if status in (401, 403):
+            return self.remote.auth_failed(status)
+        who = f"remote {self.remote.name!r} (for {self.model_id!r})"
+        err = refusal_error(status, data, who=who, source="remote")
+        err.code = f"remote_http_{status}"  # whose refusal it was, on every surface (its message says why)
+        return err
+
+    def slot_context(self) -> tuple[int, int, int] | None:
+        return None  # the remote checks the prompt length itself
+
+    async def sees_images(self, http: aiohttp.ClientSession) -> bool | None:
+        return None  # the remote answers for itself
 
     def capabilities(self) -> frozenset[str]:
         kind = self.kind

@@ -1,5 +1,6 @@
 """The small HTTP server our own engine workers run (piper, whisper.cpp): loopback, a free port, one
-JSON line `{"switchyard": "listening", "port": P}` on stdout when it serves, exit 0 on SIGTERM, and exit
+JSON line `{"switchyard": "listening", "port": P, "ready": true}` on stdout when it serves (the model is
+loaded before that, so the lane needs no health polling), exit 0 on SIGTERM, and exit
 on its own when the server that started it is gone. Errors use the gateway's OpenAI error shape."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ async def _serve(app: web.Application) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = int(runner.addresses[0][1])
-    print(json.dumps({"switchyard": "listening", "port": port}), flush=True)
+    print(json.dumps({"switchyard": "listening", "port": port, "ready": True}), flush=True)
     await stop.wait()
     await runner.cleanup()
 
