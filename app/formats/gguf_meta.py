@@ -26,7 +26,7 @@ class GGUFFacts:
     embedding_length: int | None
     head_count: int | None
     head_count_kv: int | None
-    pooling_type: str | None  # None: a generative model; "mean"/"cls"/...: an embedding model
+    pooling_type: str | None  # None: generative; "mean"/"cls"/...: an embedding model; "rank": a reranker
     chat_template: str | None
     file_type: str | None
     tensor_bytes: int
@@ -34,7 +34,13 @@ class GGUFFacts:
 
     @property
     def is_embedding(self) -> bool:
+        """Pools its hidden states (an embedding model or a reranker): llama.cpp runs it in embedding mode."""
         return self.pooling_type not in (None, "none", "unspecified")
+
+    @property
+    def is_reranker(self) -> bool:
+        """Rank pooling: it scores (query, document) pairs through a classifier head, for /v1/rerank."""
+        return self.pooling_type == "rank"
 
     def public(self) -> dict[str, Any]:
         return {

@@ -176,7 +176,9 @@ def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int)
     ]
     if params.gpu_layers >= 0:
         args += ["--n-gpu-layers", str(params.gpu_layers)]
-    if params.embedding:
+    if params.embedding and params.pooling == "rank":
+        args += ["--reranking"]  # embedding mode with rank pooling, and the /v1/rerank route
+    elif params.embedding:
         args += ["--embedding", "--pooling", params.pooling or "mean"]
     return tuple(args)
 
@@ -218,11 +220,12 @@ def build_plan(
 
 
 class LlamaCppKind:
-    """llama.cpp as an engine kind: GGUF language and embedding models, memory planned from the header."""
+    """llama.cpp as an engine kind: GGUF language, embedding and reranker models, memory planned from the
+    header."""
 
     lane = "llama.cpp"
     formats = frozenset({"gguf"})
-    offers = frozenset({"chat", "completions", "tools", "embeddings"})
+    offers = frozenset({"chat", "completions", "tools", "embeddings", "rerank"})
     memory = "planned"
 
     def install(self, settings: Settings) -> LaneInstall:
@@ -243,6 +246,8 @@ class LlamaCppKind:
     def capabilities(self, entry: ModelEntry) -> frozenset[str]:
         if entry.kind == "embedding":
             return frozenset({"embeddings"})
+        if entry.kind == "rerank":
+            return frozenset({"rerank"})
         return frozenset({"chat", "completions", "tools"})
 
     def build(

@@ -16,6 +16,7 @@ CAPABILITIES = (
     "chat",
     "completions",
     "embeddings",
+    "rerank",
     "transcription",
     "translation",
     "speech",

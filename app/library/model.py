@@ -88,6 +88,8 @@ class ModelEntry:
             return self.kind_name
         if self.facts is None:
             return "unknown"
+        if self.facts.is_reranker:  # pooled like an embedding model, but asked through /v1/rerank
+            return "rerank"
         return "embedding" if self.facts.is_embedding else "chat"
 
     @property
