@@ -10,6 +10,7 @@ servable (`ok`, see model.LANE_FORMATS); other formats are listed with their for
 refuses them with "no lane for format X yet".
 `org/repo:QUANT` resolves to the HF cache GGUF of that repository with that quantization, and `org/repo`
 to its only GGUF model.
+Aliases recorded in the library (Library.add_alias) resolve to their model and are listed beside it.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Catalog:
             aliases.setdefault(e.origin.repo, []).append(e.id)
             if e.quant:
                 aliases.setdefault(f"{e.origin.repo}:{e.quant}".lower(), []).append(e.id)
+        views = self._alias_views(entries, aliases)
         self._entries, self._aliases = entries, aliases
         if self.library is not None:
             roots = [*self.dirs, *([self.hf_cache] if self.hf_cache is not None else [])]
@@ -106,7 +108,23 @@ class Catalog:
                 (e for k, e in entries.items() if "@" not in k), headers=self._new_headers, roots=roots
             )
         self._new_headers = {}
-        return list(entries.values())
+        return [*entries.values(), *views]
+
+    def _alias_views(self, entries: dict[str, ModelEntry], aliases: dict[str, list[str]]) -> list[ModelEntry]:
+        """The library's aliases (Ollama's copy, create, pull), added to `aliases` so each resolves to its
+        model, and listed as entries of their own name with source `alias`. An alias whose model is gone
+        or broken is skipped until it is back; a model's own id or repo alias wins over an alias."""
+        if self.library is None:
+            return []
+        views = []
+        for name, doc in sorted(self.library.aliases().items()):
+            target = entries.get(doc["target"])
+            key = name.lower() if ":" in name else name
+            if target is None or not target.ok or name in entries or key in aliases:
+                continue
+            aliases[key] = [target.id]
+            views.append(replace(target, id=name, source="alias"))
+        return views
 
     def entries(self) -> list[ModelEntry]:
         return self.scan()

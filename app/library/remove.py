@@ -6,6 +6,7 @@
 - copied import: its folder under models/imported.
 - linked import: unregistered; the user's file is deleted only with `delete_files`.
 - a models folder: the user's own file; refused unless `delete_files` (a scan would find it again anyway).
+- an alias (another name for a model, from Ollama's copy or create): only the name.
 
 Every path is checked to lie inside the root it belongs to before anything is deleted.
 """
@@ -59,6 +60,12 @@ def _guard(p: Path, root: Path, model_id: str) -> None:
 def remove_model(
     model_id: str, *, catalog: Catalog, library: Library, imported_root: Path, delete_files: bool = False
 ) -> Removal:
+    alias = library.aliases().get(model_id)
+    shadowed = alias is not None and (own := catalog.find(model_id)) is not None and own.id == model_id
+    if alias is not None and not shadowed:  # another name for a model: only the name goes, not the model
+        library.drop_alias(model_id)
+        catalog.scan()
+        return Removal(model_id, "alias", "unregistered", kept=[alias["target"]])
     entry = catalog.get(model_id, allow_broken=True)
     if entry.source in ("hf_cache", "download"):
         out = Removal(entry.id, entry.source, "deleted", _delete_from_hf_cache(entry, catalog.hf_cache))

@@ -24,6 +24,7 @@ from app.library.model import FileInfo, ModelEntry
 # sources a scan re-discovers; rows of other sources (imports) stay until `rm`
 SCANNED = ("models_dir", "hf_cache", "download")
 HeaderKey = tuple[str, int, int]
+ALIAS = "alias:"  # meta key prefix of an alias row
 
 
 def _digest(e: ModelEntry) -> str:
@@ -195,8 +196,11 @@ class Library:
             self._write(tx, entry, _digest(entry), time.time())
 
     def forget(self, model_id: str) -> None:
+        """Drop the model's row, and every alias naming it (an alias of a removed model names nothing)."""
+        names = [f"{ALIAS}{n}" for n, doc in self.aliases().items() if doc["target"] == model_id]
         with self.db.transaction() as tx:
             tx.execute("DELETE FROM models WHERE id = ?", (model_id,))
+            tx.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in names])
 
     def touch(self, model_id: str, *, at: float | None = None) -> None:
         """Remember that a lane was started for `model_id` (last_used_at)."""
@@ -210,6 +214,28 @@ class Library:
 
     def downloaded_repos(self) -> set[str]:
         return {r["key"][9:] for r in self.db.query("SELECT key FROM meta WHERE key LIKE 'download:%'")}
+
+    # ---- aliases: more names for a model (Ollama's copy, create and pull), as meta rows `alias:NAME` -------
+    def aliases(self) -> dict[str, dict[str, Any]]:
+        """{name: {"target": model id, "by": "copy" | "create" | "pull", "created_at": unix time}}."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.db.query("SELECT key, value FROM meta WHERE key LIKE 'alias:%'"):
+            with contextlib.suppress(TypeError, ValueError):
+                doc = json.loads(r["value"])
+                if isinstance(doc, dict) and isinstance(doc.get("target"), str):
+                    out[r["key"][len(ALIAS) :]] = doc
+        return out
+
+    def add_alias(self, name: str, *, target: str, by: str) -> None:
+        """Make `name` another name for the model `target` (replacing an alias of that name)."""
+        doc = json.dumps({"target": target, "by": by, "created_at": time.time()})
+        with self.db.transaction() as tx:
+            tx.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (f"{ALIAS}{name}", doc))
+
+    def drop_alias(self, name: str) -> bool:
+        """Forget the alias `name`; False when there was none."""
+        with self.db.transaction() as tx:
+            return tx.execute("DELETE FROM meta WHERE key = ?", (f"{ALIAS}{name}",)).rowcount > 0
 
     # ---- reading ----------------------------------------------------------------------------------
     def rows(self, model_id: str | None = None) -> list[dict[str, Any]]:
