@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
 from app.core.errors import LaneBusyError, SwitchyardError
-from app.server.translate_engine import parse_arguments
 from app.server.validate import bad as _bad
 from app.server.validate import typed_field as _field
 
@@ -33,10 +33,29 @@ class MessagesCall:
     stop_sequences: tuple[str, ...]
     has_images: bool
     openai: dict[str, Any]
+    # tool_choice.disable_parallel_tool_use: the answer carries at most one tool_use block
+    single_tool_call: bool = False
 
 
 def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex[:24]
+
+
+def anthropic_tool_id(engine_id: Any, *, taken: set[str] | None = None) -> str:
+    """The engine's tool-call id in Anthropic's `toolu_` form (a fresh one when it sent none).
+
+    The id travels back verbatim in tool_use and tool_result blocks, and to_openai passes both
+    through unchanged, so the engine sees one consistent id per call on the next turn."""
+    raw = engine_id if isinstance(engine_id, str) else ""
+    raw = raw.removeprefix("toolu_").removeprefix("call_")
+    # Anthropic's own API accepts only these characters in a tool_use id
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in raw)
+    tid = "toolu_" + (safe or uuid.uuid4().hex[:24])
+    if taken is not None:
+        while tid in taken:  # an engine that numbers calls per turn repeats ids across them
+            tid += "_" + uuid.uuid4().hex[:4]
+        taken.add(tid)
+    return tid
 
 
 # ---- request -------------------------------------------------------------------------------------
@@ -175,7 +194,27 @@ def to_openai_messages(system: Any, messages: Any) -> tuple[list[dict[str, Any]]
         converted, has = _message(i, msg)
         out.extend(converted)
         images = images or has
+    _check_tool_results(messages)
     return out, images
+
+
+def _check_tool_results(messages: list[dict[str, Any]]) -> None:
+    """Each tool_result must answer a tool_use of the latest assistant message, as Anthropic requires:
+    the engine's template pairs them by id, and a stray id would reach the model as an orphan answer."""
+    offered: set[str] = set()
+    for i, msg in enumerate(messages):
+        blocks = msg["content"] if isinstance(msg["content"], list) else []
+        if msg["role"] == "assistant":
+            offered = {b["id"] for b in blocks if b["type"] == "tool_use"}
+            continue
+        for j, block in enumerate(blocks):
+            if block["type"] == "tool_result" and block["tool_use_id"] not in offered:
+                w = f"messages[{i}].content[{j}].tool_use_id"
+                raise _bad(
+                    f"{w}: no tool_use with id {block['tool_use_id']!r} in the assistant message before "
+                    "it; send each tool_result right after the assistant turn that made the call",
+                    w,
+                )
 
 
 def to_openai_tools(tools: Any) -> list[dict[str, Any]]:
@@ -207,9 +246,11 @@ def to_openai_tool_choice(choice: Any) -> tuple[Any, bool | None]:
     if not isinstance(choice, dict):
         raise _bad("field 'tool_choice' must be an object with a 'type'", "tool_choice")
     kind = choice.get("type")
-    parallel = (
-        None if choice.get("disable_parallel_tool_use") is None else not choice["disable_parallel_tool_use"]
-    )
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        w = "tool_choice.disable_parallel_tool_use"
+        raise _bad(f"{w} must be true or false", w)
+    parallel = None if disable is None else not disable
     if kind == "auto":
         return "auto", parallel
     if kind == "any":
@@ -261,13 +302,41 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesCall:
     grammar = _field(body, "grammar", (str,), "a string (a llama.cpp GBNF grammar)")
     if grammar is not None:
         out["grammar"] = grammar
+    if (response_format := to_openai_response_format(body)) is not None:
+        if grammar is not None:
+            raise _bad("send either 'grammar' or 'output_config.format', not both", "output_config")
+        out["response_format"] = response_format
     stream = _field(body, "stream", (bool,), "true or false") or False
     if not for_count:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return MessagesCall(
-        model=model, stream=stream, stop_sequences=tuple(stops), has_images=images, openai=out
+        model=model,
+        stream=stream,
+        stop_sequences=tuple(stops),
+        has_images=images,
+        openai=out,
+        single_tool_call=out.get("parallel_tool_calls") is False,
     )
+
+
+def to_openai_response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """`output_config.format` (or the older beta's top-level `output_format`) as OpenAI's json_schema
+    response_format, which llama.cpp turns into a grammar; None when the body asks for no format."""
+    config = _field(body, "output_config", (dict,), "an object")
+    where, fmt = "output_config.format", (config or {}).get("format")
+    if fmt is None and body.get("output_format") is not None:
+        where, fmt = "output_format", body["output_format"]
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise _bad(f"{where} must be an object with 'type' and 'schema'", where)
+    if fmt.get("type") != "json_schema":
+        raise _bad(f"{where}.type must be 'json_schema', got {fmt.get('type')!r}", f"{where}.type")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict) or not schema:
+        raise _bad(f"{where}.schema must be a JSON Schema object", f"{where}.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
 
 
 # ---- answer --------------------------------------------------------------------------------------
@@ -303,17 +372,35 @@ class StopScanner:
         return held
 
 
-class MessageTranslator:
-    """OpenAI chat chunks in, Anthropic stream events out; `message()` is the same answer, whole."""
+@dataclass
+class _PendingCall:
+    """A tool call still arriving from the engine: the client sees it once its arguments are whole."""
 
-    def __init__(self, *, model: str, stop_sequences: Sequence[str] = ()) -> None:
+    engine_id: str = ""
+    name: str = ""
+    args: str = ""
+
+
+class MessageTranslator:
+    """OpenAI chat chunks in, Anthropic stream events out; `message()` is the same answer, whole.
+
+    A tool call is held back until its arguments parse as one JSON object, then sent as a whole
+    tool_use block: a call cut off by max_tokens never reaches the client as a runnable tool_use.
+    `single_tool_call` (disable_parallel_tool_use): the first whole call ends the answer."""
+
+    def __init__(
+        self, *, model: str, stop_sequences: Sequence[str] = (), single_tool_call: bool = False
+    ) -> None:
         self.id = new_message_id()
         self.model = model
         self._scanner = StopScanner(stop_sequences) if stop_sequences else None
+        self._single = single_tool_call
         self.blocks: list[dict[str, Any]] = []
         self._open: int | None = None
-        self._tools: dict[int, int] = {}  # OpenAI tool_call index -> block index
-        self._args: dict[int, str] = {}  # block index -> JSON text received so far
+        self._pending: dict[int, _PendingCall] = {}  # OpenAI tool_call index -> call still arriving
+        self._settled: set[int] = set()  # indices sent or dropped: later pieces of them are ignored
+        self._ids: set[str] = set()
+        self.tool_calls = 0  # tool_use blocks sent
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
         self.input_tokens: int | None = None
@@ -322,8 +409,8 @@ class MessageTranslator:
 
     @property
     def stopped(self) -> bool:
-        """A stop sequence matched: nothing more is read from the engine."""
-        return self.stop_sequence is not None
+        """A stop sequence matched, or the one tool call allowed is whole: nothing more is read."""
+        return self.stop_sequence is not None or (self._single and self.tool_calls > 0)
 
     def start(self) -> list[Event]:
         message: dict[str, Any] = {
@@ -339,37 +426,33 @@ class MessageTranslator:
         }
         return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
+    def feed(self, delta: Delta) -> list[Event]:
         if self.stopped:
             return []
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.input_tokens = _int_or(usage.get("prompt_tokens"), self.input_tokens)
-            self.output_tokens = _int_or(usage.get("completion_tokens"), self.output_tokens)
-        events: list[Event] = []
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if isinstance(delta.get("reasoning_content"), str) and delta["reasoning_content"]:
-                events += self._append("thinking", delta["reasoning_content"])
-            if isinstance(delta.get("content"), str) and delta["content"]:
+        match delta:
+            case Text(text):
                 self.pieces += 1
-                events += self._content(delta["content"])
-                if self.stopped:
-                    return events
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    events += self._tool_call(call)
-            if isinstance(choice.get("finish_reason"), str):
-                self.finish_reason = choice["finish_reason"]
-        return events
+                return self._content(text)
+            case Reasoning(text):
+                return self._append("thinking", text)
+            case ToolCallPart():
+                self.pieces += 1
+                return self._tool_call(delta)
+            case Finish(reason):
+                self.finish_reason = reason
+            case Usage():
+                if delta.prompt_tokens is not None:
+                    self.input_tokens = delta.prompt_tokens
+                if delta.completion_tokens is not None:
+                    self.output_tokens = delta.completion_tokens
+        return []
 
     def finish(self) -> list[Event]:
         """Close what is open and end the message (call once, after the last chunk)."""
         events: list[Event] = []
-        if self._scanner is not None and not self.stopped:
+        if self._scanner is not None and self.stop_sequence is None:
             events += self._append("text", self._scanner.flush())
+        events += self._settle_pending()
         events += self._close()
         usage = self.usage()
         events.append(
@@ -388,10 +471,12 @@ class MessageTranslator:
     def stop_reason(self) -> str:
         if self.stop_sequence is not None:
             return "stop_sequence"
-        if self._tools or self.finish_reason == "tool_calls":
-            return "tool_use"
+        if self._single and self.tool_calls:
+            return "tool_use"  # reading stopped at the one call allowed: the engine's reason is unknown
         if self.finish_reason == "length":
-            return "max_tokens"
+            return "max_tokens"  # even beside whole calls: the answer was cut, as Anthropic reports it
+        if self.tool_calls:
+            return "tool_use"
         return "end_turn"
 
     def usage(self) -> dict[str, int]:
@@ -444,43 +529,69 @@ class MessageTranslator:
         delta = {"type": "content_block_delta", "index": self._open, "delta": {"type": dtype, key: text}}
         return [*events, ("content_block_delta", delta)]
 
-    def _tool_call(self, call: dict[str, Any]) -> list[Event]:
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        assert isinstance(fn, dict)
-        index = call.get("index", 0) if isinstance(call.get("index"), int) else 0
+    def _tool_call(self, part: ToolCallPart) -> list[Event]:
+        if part.index in self._settled:
+            return []
         events: list[Event] = []
-        if index not in self._tools:
-            if self._scanner is not None:
+        pending = self._pending.get(part.index)
+        if pending is None:
+            if self._scanner is not None:  # the text before a call is whole: release its held tail
                 events += self._append("text", self._scanner.flush())
-            tid = (
-                call.get("id")
-                if isinstance(call.get("id"), str) and call.get("id")
-                else "toolu_" + uuid.uuid4().hex[:24]
+            pending = self._pending[part.index] = _PendingCall()
+        if part.id and not pending.engine_id:
+            pending.engine_id = part.id
+        if part.name and not pending.name:
+            pending.name = part.name
+        pending.args += part.arguments
+        if (whole := _json_object(pending.args)) is not None:
+            events += self._send_call(part.index, whole)
+        return events
+
+    def _send_call(self, index: int, arguments: dict[str, Any]) -> list[Event]:
+        """A whole call as one tool_use block: start, its JSON as one delta, stop."""
+        call = self._pending.pop(index)
+        self._settled.add(index)
+        tid = anthropic_tool_id(call.engine_id, taken=self._ids)
+        events = self._open_block({"type": "tool_use", "id": tid, "name": call.name, "input": {}})
+        assert self._open is not None
+        at = self._open
+        if call.args.strip():
+            delta = {"type": "input_json_delta", "partial_json": call.args}
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": at, "delta": delta})
             )
-            name = fn.get("name") if isinstance(fn.get("name"), str) else ""
-            events += self._open_block({"type": "tool_use", "id": tid, "name": name, "input": {}})
-            self._tools[index] = len(self.blocks) - 1
-            self._args[len(self.blocks) - 1] = ""
-        at = self._tools[index]
-        args = fn.get("arguments")
-        if isinstance(args, str) and args:
-            self._args[at] += args
-            if at == self._open:  # a closed block cannot take more; its input still gets the text
-                delta = {
-                    "type": "content_block_delta",
-                    "index": at,
-                    "delta": {"type": "input_json_delta", "partial_json": args},
-                }
-                events.append(("content_block_delta", delta))
+        self.blocks[at]["input"] = arguments
+        self.tool_calls += 1
+        return [*events, *self._close()]
+
+    def _settle_pending(self) -> list[Event]:
+        """At the end: a call without arguments is whole if the engine ended normally; any other call
+        still open was cut off (max_tokens, a stop sequence) and is dropped, not sent half-built."""
+        events: list[Event] = []
+        for index in sorted(self._pending):
+            call = self._pending[index]
+            if not self.stopped and not call.args.strip() and self.finish_reason in ("tool_calls", "stop"):
+                events += self._send_call(index, {})
+        self._settled.update(self._pending)
+        self._pending.clear()
         return events
 
     def _close(self) -> list[Event]:
         if self._open is None:
             return []
         at, self._open = self._open, None
-        if at in self._args:
-            self.blocks[at]["input"] = parse_arguments(self._args[at])
         return [("content_block_stop", {"type": "content_block_stop", "index": at})]
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The arguments as an object once they are whole JSON; None while they are still arriving."""
+    if not text.rstrip().endswith("}"):  # cheap: a whole object ends with its brace
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _int_or(value: Any, default: int | None) -> int | None:
@@ -512,3 +623,47 @@ def error_type(exc: SwitchyardError) -> str:
 
 def error_body(exc: SwitchyardError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(exc), "message": exc.message}}
+
+
+class MessagesRun:
+    """A MessageTranslator as the request runner drives it (app/server/runner.py): SSE bytes out."""
+
+    def __init__(self, tr: MessageTranslator) -> None:
+        self.tr = tr
+
+    @property
+    def stopped(self) -> bool:
+        return self.tr.stopped
+
+    def waiting(self, phase: str, seconds: float) -> bytes:
+        return f": switchyard: loading {self.tr.model} ({phase}, {seconds:.0f} s)\n\n".encode()
+
+    def opening(self) -> bytes:
+        return sse(self.tr.start())
+
+    def feed(self, delta: Delta) -> bytes:
+        events = self.tr.feed(delta)
+        return sse(events) if events else b""
+
+    def closing(self) -> bytes:
+        return sse(self.tr.finish())
+
+    def failed(self, exc: SwitchyardError) -> bytes:
+        return sse([("error", error_body(exc))])
+
+    def whole(self) -> dict[str, Any]:
+        self.tr.finish()
+        return self.tr.message()
+
+    def usage(self) -> tuple[int, int] | None:
+        u = self.tr.usage()
+        return u["input_tokens"], u["output_tokens"]
+
+    def wants_prompt_count(self) -> bool:
+        return self.tr.input_tokens is None
+
+    def prompt_counted(self, tokens: int) -> None:
+        self.tr.input_tokens = tokens
+
+    def loaded(self, seconds: float) -> None:
+        pass
