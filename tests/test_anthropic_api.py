@@ -12,11 +12,18 @@ import anthropic
 import httpx
 import pytest
 
+from app.chat.deltas import chunk_deltas
 from app.core.errors import BadRequestError, EngineCrashedError, LaneBusyError, ModelNotFoundError
 from app.server.translate_anthropic import MessageTranslator, StopScanner, error_body, to_openai
 from app.server.translate_engine import pin_named_tool_choice
 from tests.conftest import ServerProcess, link_models, running_server
 from tests.tinymodels import HERMES_TOOLS, TinySpec, write_tiny_gguf
+
+
+def _feed(tr: MessageTranslator, chunk: dict[str, Any]) -> list[Any]:
+    """An OpenAI chunk through the one delta reader, into the translator."""
+    return [e for d in chunk_deltas(chunk) for e in tr.feed(d)]
+
 
 GRAMMAR = 'root ::= "the answer is 42"'
 PIN = {"grammar": GRAMMAR}
@@ -489,7 +496,7 @@ def test_stream_translation_of_text_then_tool_calls() -> None:
         _chunk({}, "tool_calls"),
         _chunk(usage={"prompt_tokens": 11, "completion_tokens": 9}),
     ]:
-        events += tr.feed(chunk)
+        events += _feed(tr, chunk)
     events += tr.finish()
     kinds = [
         (name, d.get("index"), (d.get("delta") or d.get("content_block") or {}).get("type"))
@@ -501,8 +508,7 @@ def test_stream_translation_of_text_then_tool_calls() -> None:
         ("content_block_start", 0, "text"),
         ("content_block_delta", 0, "text_delta"),
         ("content_block_stop", 0, None),
-        ("content_block_start", 1, "tool_use"),
-        ("content_block_delta", 1, "input_json_delta"),
+        ("content_block_start", 1, "tool_use"),  # held until its arguments were whole JSON
         ("content_block_delta", 1, "input_json_delta"),
         ("content_block_stop", 1, None),
         ("content_block_start", 2, "tool_use"),
@@ -513,17 +519,18 @@ def test_stream_translation_of_text_then_tool_calls() -> None:
     ]
     assert events[5][1]["content_block"] == {
         "type": "tool_use",
-        "id": "call_a",
+        "id": "toolu_a",
         "name": "get_weather",
         "input": {},
     }
+    assert events[6][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}
     assert events[-2][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert events[-2][1]["usage"] == {"input_tokens": 11, "output_tokens": 9}
     msg = tr.message()
     assert msg["content"] == [
         {"type": "text", "text": "Checking"},
-        {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Paris"}},
-        {"type": "tool_use", "id": "call_b", "name": "now", "input": {}},
+        {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "Paris"}},
+        {"type": "tool_use", "id": "toolu_b", "name": "now", "input": {}},
     ]
     assert msg["stop_reason"] == "tool_use" and msg["usage"] == {"input_tokens": 11, "output_tokens": 9}
 
@@ -535,9 +542,9 @@ def test_stream_translation_of_reasoning_stop_and_length() -> None:
         _chunk({"content": "an"}),
         _chunk({"content": "swer #"}),
     ]:
-        tr.feed(c)
-    assert tr.feed(_chunk({"content": "# more"})) == []  # the hidden "#" and the match: nothing after it
-    assert tr.stopped and tr.feed(_chunk({"content": "ignored"})) == []
+        _feed(tr, c)
+    assert _feed(tr, _chunk({"content": "# more"})) == []  # the hidden "#" and the match: nothing after it
+    assert tr.stopped and _feed(tr, _chunk({"content": "ignored"})) == []
     tr.finish()
     msg = tr.message()
     assert msg["content"] == [
@@ -547,11 +554,11 @@ def test_stream_translation_of_reasoning_stop_and_length() -> None:
     assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == "##"
     assert msg["usage"] == {"input_tokens": 0, "output_tokens": 3}  # no usage report: the chunks seen
     tr = MessageTranslator(model="m")
-    tr.feed(_chunk({"content": "x"}, "length"))
+    _feed(tr, _chunk({"content": "x"}, "length"))
     tr.finish()
     assert tr.message()["stop_reason"] == "max_tokens"
     tr = MessageTranslator(model="m", stop_sequences=["zz"])
-    tr.feed(_chunk({"content": "end z"}, "stop"))
+    _feed(tr, _chunk({"content": "end z"}, "stop"))
     events = tr.finish()
     assert events[0][1]["delta"] == {"type": "text_delta", "text": "z"}  # a held tail is released at the end
     assert (

@@ -27,7 +27,7 @@ import pytest
 
 from app.core.errors import SettingsError
 from app.core.settings import Settings
-from app.server.limits import PER_MESSAGE_ALLOWANCE, TEMPLATE_ALLOWANCE, may_exceed
+from app.server.gateway import PER_MESSAGE_ALLOWANCE, TEMPLATE_ALLOWANCE, may_exceed
 from tests.conftest import REPO, ServerProcess, link_models, wait_gone
 
 SETTINGS = {"max_body_mib": 1, "max_concurrent_per_client": 1, "idle_timeout_s": 1.0, "body_timeout_s": 2.0}

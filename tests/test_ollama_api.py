@@ -15,6 +15,7 @@ import httpx
 import ollama
 import pytest
 
+from app.chat.deltas import chunk_deltas
 from app.core.errors import BadRequestError
 from app.server.translate_ollama import (
     OllamaTranslator,
@@ -435,7 +436,7 @@ def test_translator_tool_calls_and_stats() -> None:
             "timings": {"prompt_ms": 2.5, "predicted_ms": 4.0},
         },
     ]:
-        out += tr.feed(chunk)
+        out += [o for d in chunk_deltas(chunk) for o in tr.feed(d)]
     assert [o["message"]["content"] for o in out] == ["ok"] and out[0]["done"] is False
     final = tr.final()
     assert final[0]["message"]["tool_calls"] == [{"function": {"name": "f", "arguments": {"a": 1}}}]
@@ -449,9 +450,9 @@ def test_translator_tool_calls_and_stats() -> None:
         and whole["message"]["tool_calls"] == final[0]["message"]["tool_calls"]
     )
     gen = OllamaTranslator(model="m", kind="generate", started=time.perf_counter())
-    assert (
-        gen.feed({"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]})[0]["response"] == "hi"
-    )
+    chunk = {"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}
+    pieces = [o for d in chunk_deltas(chunk) for o in gen.feed(d)]
+    assert pieces[0]["response"] == "hi"
     assert gen.whole()["done_reason"] == "length" and gen.whole()["response"] == "hi"
 
 

@@ -37,7 +37,7 @@ OLLAMA_PATHS = {
     "/api/embed",
     "/api/embeddings",
 }
-REGENERATE = ".venv/bin/python -m app.server.openapi"
+REGENERATE = ".venv/bin/python -m app.server.openapi_write"
 
 
 @pytest.fixture(scope="module")

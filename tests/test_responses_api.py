@@ -17,6 +17,7 @@ import pydantic
 import pytest
 from openai.types.responses import ResponseStreamEvent
 
+from app.chat.deltas import chunk_deltas
 from app.core.errors import EngineCrashedError
 from app.server.translate_responses import ResponseTranslator, to_chat
 from tests.conftest import ServerProcess, link_models, running_server
@@ -412,12 +413,28 @@ def test_previous_response_id_is_refused_clearly(client: openai.OpenAI) -> None:
         (
             {
                 "model": "tiny",
+                "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}],
+            },
+            "input[0].content[0]",
+            "input_file",
+        ),
+        (
+            {
+                "model": "tiny",
+                "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}],
+            },
+            "input[0].content[0].image_url",
+            "file_id is not supported",
+        ),
+        (
+            {
+                "model": "tiny",
                 "input": [
-                    {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}
+                    {"role": "assistant", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}
                 ],
             },
             "input[0].content[0]",
-            "input_image",
+            "non-user message",
         ),
         ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0]", "not available"),
         (
@@ -684,7 +701,7 @@ def test_stream_translation_of_reasoning_text_then_tool_calls() -> None:
     ]
     events = tr.start()
     for c in chunks:
-        events += tr.feed(c)
+        events += [e for d in chunk_deltas(c) for e in tr.feed(d)]
     events += tr.finish()
     for _, data in events:
         check_event(data)
@@ -737,7 +754,7 @@ def test_stream_translation_of_reasoning_text_then_tool_calls() -> None:
 
 def test_stream_translation_of_a_failure_mid_stream() -> None:
     tr = ResponseTranslator(model="m", echo={})
-    events = [*tr.start(), *tr.feed(_chunk({"content": "par"}))]
+    events = [*tr.start(), *[e for d in chunk_deltas(_chunk({"content": "par"})) for e in tr.feed(d)]]
     events += tr.fail(EngineCrashedError("the engine for 'm' exited with code -9; it will be restarted"))
     for _, data in events:
         check_event(data)

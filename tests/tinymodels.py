@@ -55,6 +55,8 @@ class TinySpec:
 CHAT = TinySpec()
 EMBED = TinySpec(pooling=1, seed=1)
 LARGE = TinySpec(n_embd=512, n_layer=8, n_head=8, n_head_kv=4, n_ff=1536, seed=2)
+# between the two: tokens take about a millisecond, so a stream is a steady run of small events
+MEDIUM = TinySpec(n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=768, n_ctx_train=4096, seed=3)
 
 
 def _vocab() -> tuple[list[bytes], list[float], list[int]]:
@@ -192,6 +194,73 @@ def write_gemma2_gguf(path: Path, *, window: int = 256, seed: int = 5) -> Path:
         t(p + "ffn_down.weight", n_embd, n_ff)
         t(p + "post_ffw_norm.weight", n_embd)
     t("output_norm.weight", n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# Qwen3-Reranker's layout: a qwen3 decoder, rank pooling, and a classifier head `cls.output` with one row
+# per label; llama.cpp scores a (query, document) pair from the last token through that head.
+RERANK_LABELS = ("yes", "no")
+
+
+def write_tiny_reranker(path: Path, *, seed: int = 11) -> Path:
+    """A qwen3-architecture reranker GGUF (pooling type rank) that llama.cpp loads with `--reranking` and
+    scores with finite relevance scores; random weights, so only the shape of the ranking is meaningful."""
+    n_embd, n_layer, n_head, n_kv, n_ff = 64, 2, 4, 2, 128
+    head_dim = n_embd // n_head
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens, scores, types = _vocab()
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name("tiny-rerank")
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    w.add_classifier_output_labels(list(RERANK_LABELS))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    # llama.cpp's server fills a named "rerank" template with the pair, as real reranker GGUFs ship it
+    w.add_chat_template([{"name": "rerank", "template": "query: {query}\ndocument: {document}\n"}])
+
+    def t(name: str, *shape: int) -> None:
+        norm = "norm" in name
+        data = np.ones(shape, np.float32) if norm else rng.standard_normal(shape).astype(np.float32) * 0.02
+        w.add_tensor(name, data)
+
+    t("token_embd.weight", len(tokens), n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t(p + "attn_norm.weight", n_embd)
+        t(p + "attn_q.weight", n_head * head_dim, n_embd)
+        t(p + "attn_k.weight", n_kv * head_dim, n_embd)
+        t(p + "attn_v.weight", n_kv * head_dim, n_embd)
+        t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        t(p + "attn_q_norm.weight", head_dim)
+        t(p + "attn_k_norm.weight", head_dim)
+        t(p + "ffn_norm.weight", n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+    t("output_norm.weight", n_embd)
+    t("cls.output.weight", len(RERANK_LABELS), n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

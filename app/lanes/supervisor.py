@@ -1,8 +1,9 @@
 """The supervisor: lanes started just in time, swapped under a memory policy, unloaded when idle.
 
-Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` embedding lanes
-are loaded; asking for another stops the least recently used idle one first (waiting for its
-in-flight requests to finish, up to `drain_timeout_s`). A lane idle for its TTL is stopped.
+Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` side lanes (embedding
+models and rerankers together) are loaded; asking for another stops the least recently used idle one
+first (waiting for its in-flight requests to finish, up to `drain_timeout_s`). A lane idle for its TTL
+is stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,26 @@ from app.lanes.plan import LaunchPlan
 from app.lanes.proc import LogRing
 from app.library.catalog import Catalog, ModelEntry
 from app.routing.engines import title
+
+# side lanes (embedding models, rerankers) share one limit, so loading one never evicts a chat lane
+_SIDE_KINDS = frozenset({"embedding", "rerank"})
+
+
+def _pool(kind: str) -> str:
+    """The group of lane kinds whose count one limit caps."""
+    return "side" if kind in _SIDE_KINDS else kind
+
+
+def _rerank_note(entry: ModelEntry, capability: str) -> str | None:
+    """What a reranker asked for something else, or another model asked to rerank, is told first."""
+    if entry.kind == "rerank" and capability != "rerank":
+        return f"model {entry.id!r} is a reranker, not a {capability} model; call POST /v1/rerank with it"
+    if capability == "rerank" and entry.kind != "rerank":
+        return (
+            f"model {entry.id!r} is not a reranker (it is a {entry.kind} model); POST /v1/rerank needs a "
+            "reranker GGUF (pooling type rank, e.g. a bge-reranker or Qwen3-Reranker build)"
+        )
+    return None
 
 
 def free_port() -> int:
@@ -110,6 +131,9 @@ class Supervisor:
         where = f"runs on {title(kind.lane)}, which" if kind else "has no lane that"
         by = f"{', '.join(lanes)} lane(s)" if lanes else "no lane"
         have = f"; models that can: {', '.join(models[:20])}" if models else "; no model here can"
+        lead = _rerank_note(entry, capability)
+        if lead is not None:
+            return CapabilityMissingError(f"{lead}{have}", param="model")
         return CapabilityMissingError(
             f"model {entry.id!r} {where} cannot do {capability}; {capability} is done by the {by}{have}",
             param="model",
@@ -182,11 +206,12 @@ class Supervisor:
         return [
             ln
             for ln in self.lanes.values()
-            if ln.kind == kind and ln.state in (LaneState.READY, LaneState.STARTING)
+            if _pool(ln.kind) == _pool(kind) and ln.state in (LaneState.READY, LaneState.STARTING)
         ]
 
     def _limit(self, kind: str) -> int:
-        return self.settings.max_embedding_lanes if kind == "embedding" else self.settings.max_loaded_lanes
+        side = _pool(kind) == "side"
+        return self.settings.max_embedding_lanes if side else self.settings.max_loaded_lanes
 
     async def _make_room(self, target: Lane) -> None:
         others = [ln for ln in self._loaded(target.kind) if ln is not target]
@@ -208,9 +233,10 @@ class Supervisor:
             finally:
                 victim.draining = False
 
-    async def ensure(self, model_id: str) -> Lane:
-        """The lane for `model_id`, ready. Starts it (making room first) if needed."""
-        entry = self.catalog.get(model_id)
+    async def ensure(self, model_id: str, *, entry: ModelEntry | None = None) -> Lane:
+        """The lane for `model_id`, ready. Starts it (making room first) if needed. `entry`: the catalog's
+        answer the caller already has (the gateway asks the catalog once per request)."""
+        entry = entry if entry is not None and entry.id == model_id else self.catalog.get(model_id)
         lane = self.lane_for(entry)
         if lane.available:
             return lane
@@ -221,10 +247,10 @@ class Supervisor:
         return lane
 
     @contextlib.asynccontextmanager
-    async def use(self, model_id: str) -> AsyncIterator[Lane]:
+    async def use(self, model_id: str, *, entry: ModelEntry | None = None) -> AsyncIterator[Lane]:
         """Hold a lane for one request: counts as in flight, refreshes last_used."""
         while True:
-            lane = await self.ensure(model_id)
+            lane = await self.ensure(model_id, entry=entry)
             if lane.available:  # nothing can intervene between this check and the increment
                 break
         lane.in_flight += 1

@@ -33,11 +33,14 @@ from app.server import (
     routes_images,
     routes_library,
     routes_ollama,
+    routes_ollama_manage,
     routes_openai,
     routes_remotes,
+    routes_rerank,
     routes_responses,
 )
-from app.server.keys import RUNTIME
+from app.server.gateway import Gateway
+from app.server.keys import GATEWAY, RUNTIME
 
 log = logging.getLogger("switchyard")
 
@@ -69,6 +72,7 @@ def make_app(runtime: Runtime) -> web.Application:
         client_max_size=runtime.settings.max_body_mib * limits.MIB,
     )
     app[RUNTIME] = runtime
+    app[GATEWAY] = Gateway(runtime)
     app[metrics.METRICS] = stats
     auth.setup(app, runtime.settings, runtime.paths)
 
@@ -87,9 +91,11 @@ def make_app(runtime: Runtime) -> web.Application:
     app.add_routes(routes_openai.routes)
     app.add_routes(routes_audio.routes)
     app.add_routes(routes_images.routes)
+    app.add_routes(routes_rerank.routes)
     app.add_routes(routes_responses.routes)
     app.add_routes(routes_anthropic.routes)
     app.add_routes(routes_ollama.routes)
+    app.add_routes(routes_ollama_manage.routes)
     app.add_routes(metrics.routes)
     app.add_routes(openapi.routes)
     return app

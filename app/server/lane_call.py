@@ -1,26 +1,27 @@
-"""One request to a lane that is not a token stream (audio, images): resolve the model, check that its
-lane can do what the route asks, start the lane just in time, pass the body through, pass the answer back.
+"""One request to a lane that is not a token stream (audio, images, rerank): resolved, held and posted
+through the gateway like every other request; the answer passed back whole.
 
-A `NAME/MODEL` of a registered remote goes to that remote instead (app/server/remote_proxy.py). An engine
-whose API differs from OpenAI's gets the request in its own shape (`EngineShape`: sd-server's images).
+A remote model gets the body with its own model name (in a multipart upload, its `model` field: the form is
+rebuilt around the same file). An engine whose API differs from OpenAI's gets the request in its own shape
+(`EngineShape`: sd-server's images).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from app.core.errors import BadRequestError
-from app.server.keys import RUNTIME
-from app.server.remote_proxy import call_remote, remote_for
+from app.lanes.target import Target
+from app.server.keys import GATEWAY
+from app.server.multipart import form_parts, with_field
+from app.server.relay import keep_header
 from app.server.request_keys import MODEL
-
-_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,16 @@ def need_model(value: Any) -> str:
     return value
 
 
+async def renamed_body(target: Target, body: bytes, content_type: str) -> tuple[bytes, str]:
+    """(body, content type) as a remote must see them: JSON with its own model name, or a multipart upload
+    rebuilt with its `model` field set to that name."""
+    if not content_type.startswith("multipart/form-data"):
+        return json.dumps({**json.loads(body), "model": target.served_name}).encode(), content_type
+    # parsing an upload of many megabytes takes a while (about a second for 25 MB): off the event loop
+    parts = await asyncio.to_thread(form_parts, body, content_type)
+    return await with_field(parts, name="model", value=target.served_name)
+
+
 async def call_lane(
     request: web.Request,
     *,
@@ -49,30 +60,20 @@ async def call_lane(
     content_type: str,
     shape: EngineShape | None = None,
 ) -> web.Response:
-    rt = request.app[RUNTIME]
+    gw = request.app[GATEWAY]
     request[MODEL] = model
-    if (remote := remote_for(request, model)) is not None:
-        return await call_remote(
-            request, remote, capability=capability, path=path, body=body, content_type=content_type
+    to = gw.resolve(model, capability)
+    request[MODEL] = to.model
+    if to.remote is not None:
+        body, content_type = await renamed_body(to.remote, body, content_type)
+    async with gw.hold(to) as target:
+        own = shape if shape is not None and target.engine == shape.engine else None
+        # an error status is the target's refusal (raised by post); sd-server's is worded the same way
+        upstream = await gw.post(
+            target, path, own.body if own else body, content_type=own.content_type if own else content_type
         )
-    entry = rt.catalog.get(model)
-    missing = rt.supervisor.capability_error(entry, capability)
-    if missing is not None:
-        raise missing
-    async with rt.supervisor.use(entry.id) as lane:
-        own = shape if shape is not None and lane.engine == shape.engine else None
-        try:
-            async with rt.supervisor.http.post(
-                lane.base_url + path,
-                data=own.body if own else body,
-                headers={"Content-Type": own.content_type if own else content_type},
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            ) as upstream:
-                data = await upstream.read()
-                if own is not None:
-                    return own.answer(upstream.status, data)
-                headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
-                return web.Response(body=data, status=upstream.status, headers=headers)
-        except (aiohttp.ClientError, OSError) as exc:
-            await asyncio.sleep(0.05)  # let the lane see the exit, so the error names it
-            raise lane.broken() from exc
+        headers = {k: v for k, v in upstream.headers.items() if keep_header(k)}
+        data = await gw.read(target, upstream)
+        if own is not None:
+            return own.answer(upstream.status, data)
+        return web.Response(body=data, status=upstream.status, headers=headers)

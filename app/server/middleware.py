@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -10,8 +11,10 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from app.core.errors import SwitchyardError
+from app.core.errors import RequestTooLargeError, SwitchyardError
+from app.server.metrics import CLIENT_CLOSED, SENT_STATUS
 from app.server.request_keys import CLIENT, MODEL
+from app.server.surface import surface_of
 
 log = logging.getLogger("switchyard.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -28,10 +31,11 @@ def error_response(
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal in the shape of the route's API surface (OpenAI's for routes that name none)."""
     try:
         return await handler(request)
     except SwitchyardError as exc:
-        return web.json_response(exc.envelope(), status=exc.status)
+        return surface_of(request).error_response(exc)
     except web.HTTPNotFound:
         return error_response(
             404,
@@ -48,18 +52,13 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             code="method_not_allowed",
         )
     except web.HTTPRequestEntityTooLarge:
-        return error_response(
-            413, "request body is too large", type_="invalid_request_error", code="too_large"
-        )
+        return surface_of(request).error_response(RequestTooLargeError("the request body is too large"))
     except web.HTTPException:
         raise
     except Exception as exc:
         logging.getLogger("switchyard").exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(
-            500,
-            f"internal gateway error: {type(exc).__name__}: {exc}",
-            type_="server_error",
-            code="internal_error",
+        return surface_of(request).error_response(
+            SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
         )
 
 
@@ -71,6 +70,13 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
         resp = await handler(request)
         status = resp.status
         return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        # the client hung up: 499, as /metrics counts it (or the status of a stream it had read whole)
+        status = request.get(SENT_STATUS, CLIENT_CLOSED)
+        raise
     finally:
         ms = (time.perf_counter() - t0) * 1000
         model = request.get(MODEL, "-")

@@ -8,18 +8,15 @@ schemas (the translated surfaces' in openapi_surfaces.py); admin bodies are desc
 
 The committed copy, docs/openapi.json, is regenerated with
 
-    .venv/bin/python -m app.server.openapi          # writes docs/openapi.json
-    .venv/bin/python -m app.server.openapi --check  # exits 1 if the committed copy is stale
+    .venv/bin/python -m app.server.openapi_write          # writes docs/openapi.json
+    .venv/bin/python -m app.server.openapi_write --check  # exits 1 if the committed copy is stale
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import re
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from aiohttp import web
 
 from app import __version__
 from app.server import openapi_surfaces
+from app.server.surface import Surface
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 _METHODS = ("get", "post", "put", "patch", "delete")
@@ -35,8 +33,10 @@ _TAGS = {
     "routes_responses": "OpenAI",
     "routes_audio": "OpenAI",
     "routes_images": "OpenAI",
+    "routes_rerank": "Rerank",
     "routes_anthropic": "Anthropic",
     "routes_ollama": "Ollama",
+    "routes_ollama_manage": "Ollama",
     "routes_admin": "Admin",
     "routes_remotes": "Admin",
     "routes_library": "Library",
@@ -168,7 +168,7 @@ SCHEMAS: dict[str, Any] = {
             "object": {"const": "model"},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
-            "kind": {"type": "string", "enum": ["chat", "embedding"]},
+            "kind": {"type": "string", "enum": ["chat", "embedding", "rerank"]},
             "loaded": {"type": "boolean"},
             "state": {"type": "string", "enum": ["stopped", "starting", "ready", "stopping", "failed"]},
         },
@@ -436,8 +436,11 @@ def _summary(method: str, path: str, handler: Any) -> tuple[str, str | None]:
     return SUMMARIES.get((method, path), f"{method} {path}"), None
 
 
-def _error_schema(tag: str) -> dict[str, str]:
-    return _ref({"Anthropic": "AnthropicError", "Ollama": "OllamaError"}.get(tag, "Error"))
+def _error_schema(handler: Any) -> dict[str, str]:
+    """The error body of the surface the handler serves (app/server/surface.py)."""
+    surface = getattr(handler, "surface", None)
+    name = surface.name if isinstance(surface, Surface) else "openai"
+    return _ref({"anthropic": "AnthropicError", "ollama": "OllamaError"}.get(name, "Error"))
 
 
 def _operation(method: str, path: str, handler: Any) -> dict[str, Any]:
@@ -473,7 +476,7 @@ def _operation(method: str, path: str, handler: Any) -> dict[str, Any]:
     if ok is None:
         text = _TEXT_ANSWERS.get((method, path))
         ok = {"description": "OK", "content": text} if text else _json({"type": "object"})
-    op["responses"] = {"200": ok, "default": _json(_error_schema(tag), "An error")}
+    op["responses"] = {"200": ok, "default": _json(_error_schema(handler), "An error")}
     return op
 
 
@@ -527,35 +530,3 @@ routes = web.RouteTableDef()
 async def openapi_json(request: web.Request) -> web.Response:
     """This document: OpenAPI 3.1, generated from the server's route table"""
     return web.Response(text=render(document(request.app)), content_type="application/json")
-
-
-def generate() -> str:
-    """The document of the app `serve` builds, made without starting anything (in a scratch home)."""
-    from app.core.paths import Paths
-    from app.core.settings import Settings
-    from app.runtime import Runtime
-    from app.server.app import make_app
-
-    with tempfile.TemporaryDirectory(prefix="switchyard-openapi-") as home:
-        return render(document(make_app(Runtime(settings=Settings(), paths=Paths(home=Path(home))))))
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m app.server.openapi", description="Write docs/openapi.json.")
-    ap.add_argument("path", nargs="?", type=Path, default=DOC_PATH)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generated one")
-    args = ap.parse_args(argv)
-    text = generate()
-    if args.check:
-        current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
-        if current != text:
-            print(f"{args.path} is stale; run: python -m app.server.openapi", file=sys.stderr)
-            return 1
-        return 0
-    args.path.write_text(text, encoding="utf-8")
-    print(f"wrote {args.path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""Hand-written OpenAPI schemas of the translated surfaces: Anthropic Messages, Ollama and OpenAI Responses.
+"""Hand-written OpenAPI schemas of the translated surfaces: Anthropic Messages, Ollama, OpenAI Responses
+and rerank.
 
 openapi.py merges these into the document (SCHEMAS into components, OPERATIONS into the operations).
 Each request schema lists the fields the translators read, with the types they accept; fields outside
@@ -411,6 +412,45 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 
+# ---- Rerank (Jina / Cohere shape) ----------------------------------------------------------------
+_RERANK_DOC = {
+    "oneOf": [_STR, {"type": "object", "required": ["text"], "properties": {"text": _STR}}],
+}
+SCHEMAS["RerankRequest"] = {
+    "type": "object",
+    "required": ["model", "query", "documents"],
+    "properties": {
+        "model": {"type": "string", "description": "A reranker model id (kind `rerank` in GET /v1/models)."},
+        "query": {"type": "string", "minLength": 1},
+        "documents": {"type": "array", "minItems": 1, "items": _RERANK_DOC},
+        "top_n": {"type": "integer", "minimum": 1, "description": "Return only the best N results."},
+        "return_documents": {"type": "boolean", "description": "Add each result's document text."},
+    },
+}
+SCHEMAS["RerankResponse"] = {
+    "type": "object",
+    "required": ["model", "results", "usage"],
+    "properties": {
+        "model": _STR,
+        "object": {"const": "list"},
+        "results": {
+            "type": "array",
+            "description": "Sorted by relevance_score, best first.",
+            "items": {
+                "type": "object",
+                "required": ["index", "relevance_score"],
+                "properties": {
+                    "index": {**_INT, "description": "The document's position in the request."},
+                    "relevance_score": _NUM,
+                    "document": {"type": "object", "properties": {"text": _STR}},
+                },
+            },
+        },
+        "usage": {"type": "object", "properties": {"prompt_tokens": _INT, "total_tokens": _INT}},
+    },
+}
+_RERANK_OP = ("RerankRequest", _ok(_ref("RerankResponse")))
+
 _SSE = "text/event-stream"
 _NDJSON = "application/x-ndjson"
 # (method, path) -> (request schema name or None, the 200 answer)
@@ -437,4 +477,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str | None, dict[str, Any]]] = {
     ),
     ("POST", "/api/embed"): ("OllamaEmbedRequest", _ok(_ref("OllamaEmbedResponse"))),
     ("POST", "/api/embeddings"): ("OllamaEmbeddingsRequest", _ok(_ref("OllamaEmbeddingResponse"))),
+    ("POST", "/v1/rerank"): _RERANK_OP,
+    ("POST", "/rerank"): _RERANK_OP,
+    ("POST", "/v2/rerank"): _RERANK_OP,
 }

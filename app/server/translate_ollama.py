@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
+from app.core.errors import SwitchyardError
 from app.lanes.remote import RemoteLane
 from app.library.catalog import ModelEntry
 from app.server.translate_engine import parse_arguments
@@ -379,41 +381,28 @@ class OllamaTranslator:
         (Ollama clients append the empty text and read on)."""
         return self._piece("", "")
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        if isinstance(chunk.get("timings"), dict):
-            self.timings = chunk["timings"]
-        out = []
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            assert isinstance(delta, dict)
-            text = delta.get("content") if "delta" in choice else choice.get("text")
-            text = text if isinstance(text, str) else ""
-            think = delta.get("reasoning_content") if isinstance(delta.get("reasoning_content"), str) else ""
-            assert isinstance(think, str)
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    self._add_call(call)
-            if text or think:
+    def feed(self, delta: Delta) -> list[dict[str, Any]]:
+        match delta:
+            case Text(text):
                 self.text.append(text)
-                self.thinking.append(think)
-                out.append(self._piece(text, think))
-            if isinstance(choice.get("finish_reason"), str):
-                self.finish_reason = choice["finish_reason"]
-        return out
-
-    def _add_call(self, call: dict[str, Any]) -> None:
-        index = call.get("index", 0) if isinstance(call.get("index"), int) else 0
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        assert isinstance(fn, dict)
-        slot = self._calls.setdefault(index, {"name": "", "arguments": ""})
-        if isinstance(fn.get("name"), str):
-            slot["name"] += fn["name"]
-        if isinstance(fn.get("arguments"), str):
-            slot["arguments"] += fn["arguments"]
+                return [self._piece(text, "")]
+            case Reasoning(text):
+                self.thinking.append(text)
+                return [self._piece("", text)]
+            case ToolCallPart():
+                slot = self._calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                slot["name"] += delta.name
+                slot["arguments"] += delta.arguments
+            case Finish(reason):
+                self.finish_reason = reason
+            case Usage():
+                if delta.prompt_tokens is not None:
+                    self.usage["prompt_tokens"] = delta.prompt_tokens
+                if delta.completion_tokens is not None:
+                    self.usage["completion_tokens"] = delta.completion_tokens
+                if delta.timings is not None:
+                    self.timings = delta.timings
+        return []
 
     def tool_calls(self) -> list[dict[str, Any]]:
         return [
@@ -457,6 +446,47 @@ class OllamaTranslator:
             out["message"]["tool_calls"] = self.tool_calls()
         out.update(self.stats())
         return out
+
+
+class OllamaRun:
+    """An OllamaTranslator as the request runner drives it (app/server/runner.py): NDJSON bytes out."""
+
+    stopped = False
+
+    def __init__(self, tr: OllamaTranslator) -> None:
+        self.tr = tr
+
+    def waiting(self, phase: str, seconds: float) -> bytes:
+        return ndjson([self.tr.waiting()])
+
+    def opening(self) -> bytes:
+        return b""
+
+    def feed(self, delta: Delta) -> bytes:
+        objs = self.tr.feed(delta)
+        return ndjson(objs) if objs else b""
+
+    def closing(self) -> bytes:
+        return ndjson(self.tr.final())
+
+    def failed(self, exc: SwitchyardError) -> bytes:
+        return ndjson([{"error": exc.message}])
+
+    def whole(self) -> dict[str, Any]:
+        return self.tr.whole()
+
+    def usage(self) -> tuple[int, int] | None:
+        prompt, completion = self.tr.usage.get("prompt_tokens"), self.tr.usage.get("completion_tokens")
+        return (prompt, completion) if isinstance(prompt, int) and isinstance(completion, int) else None
+
+    def wants_prompt_count(self) -> bool:
+        return False
+
+    def prompt_counted(self, tokens: int) -> None:
+        self.tr.usage["prompt_tokens"] = tokens
+
+    def loaded(self, seconds: float) -> None:
+        self.tr.load_s = seconds
 
 
 def ndjson(objs: Sequence[dict[str, Any]]) -> bytes:

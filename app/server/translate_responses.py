@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
 from app.core.errors import SwitchyardError
 from app.server.translate_engine import pin_named_tool_choice
 from app.server.validate import bad as _bad
@@ -77,25 +78,38 @@ def new_id(prefix: str) -> str:
 
 
 # ---- request: input items ------------------------------------------------------------------------
-def _parts_text(content: list[Any], where: str, *, role: str) -> str:
-    """The text of a content list; only text parts are taken (input_text, output_text, refusal)."""
-    texts = []
+def _parts(content: list[Any], where: str, *, role: str) -> str | list[dict[str, Any]]:
+    """A content list as chat content: its text joined, or (when a user part is an image) chat parts with
+    the images as `image_url` parts, which a lane with a vision projector reads."""
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         w = f"{where}[{j}]"
         ptype = part.get("type") if isinstance(part, dict) else None
         if ptype in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
         elif ptype == "refusal" and role == "assistant" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
+            parts.append({"type": "text", "text": part["refusal"]})
+        elif ptype == "input_image" and role == "user":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url.startswith(("data:image/", "http://", "https://")):
+                raise _bad(
+                    f"{w}.image_url must be a data:image/...;base64 URL or an http(s) URL "
+                    "(file_id is not supported: Switchyard stores no files)",
+                    f"{w}.image_url",
+                )
+            parts.append({"type": "image_url", "image_url": {"url": url}})
         elif ptype in ("input_image", "input_file", "input_audio"):
             raise _bad(
-                f"{w}: {ptype} is not supported on /v1/responses yet; send text parts "
-                "(images: POST /v1/chat/completions to a lane with a vision projector)",
+                f"{w}: {ptype} is not supported on /v1/responses yet"
+                + (" in a non-user message" if ptype == "input_image" else "")
+                + "; send text parts (and images in user messages)",
                 w,
             )
         else:
             raise _bad(f"{w} must be a text part ({{'type': 'input_text', 'text': ...}})", w)
-    return "".join(texts)
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -106,10 +120,11 @@ def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}.role",
         )
     content = item.get("content")
+    text: str | list[dict[str, Any]]
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
-        text = _parts_text(content, f"{where}.content", role=role)
+        text = _parts(content, f"{where}.content", role=role)
     else:
         raise _bad(f"{where}.content must be a string or a list of text parts", f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": text}
@@ -127,7 +142,7 @@ def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(call_id, str):
         raise _bad(f"{where}: function_call_output needs a string 'call_id'", where)
     if isinstance(output, list):
-        output = _parts_text(output, f"{where}.output", role="tool")
+        output = _parts(output, f"{where}.output", role="tool")
     if not isinstance(output, str):
         raise _bad(f"{where}.output must be a string or a list of text parts", f"{where}.output")
     return {"role": "tool", "tool_call_id": call_id, "content": output}
@@ -345,30 +360,27 @@ class ResponseTranslator:
             self._ev("response.in_progress", response=self.response()),
         ]
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.input_tokens = _int_or(usage.get("prompt_tokens"), self.input_tokens)
-            self.output_tokens = _int_or(usage.get("completion_tokens"), self.output_tokens)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                self.cached_tokens = _int_or(details.get("cached_tokens"), 0) or 0
-        events: list[Event] = []
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if isinstance(delta.get("reasoning_content"), str) and delta["reasoning_content"]:
-                events += self._append("reasoning", delta["reasoning_content"])
-            if isinstance(delta.get("content"), str) and delta["content"]:
+    def feed(self, delta: Delta) -> list[Event]:
+        match delta:
+            case Text(text):
                 self.pieces += 1
-                events += self._append("message", delta["content"])
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    events += self._tool_call(call)
-            if isinstance(choice.get("finish_reason"), str):
-                self.finish_reason = choice["finish_reason"]
-        return events
+                return self._append("message", text)
+            case Reasoning(text):
+                return self._append("reasoning", text)
+            case ToolCallPart():
+                return self._tool_call(delta)
+            case Finish(reason):
+                self.finish_reason = reason
+            case Usage():
+                self.input_tokens = (
+                    delta.prompt_tokens if delta.prompt_tokens is not None else self.input_tokens
+                )
+                self.output_tokens = (
+                    delta.completion_tokens if delta.completion_tokens is not None else self.output_tokens
+                )
+                if delta.cached_tokens is not None:
+                    self.cached_tokens = delta.cached_tokens
+        return []
 
     def finish(self) -> list[Event]:
         """Close what is open and end the response (call once, after the last chunk)."""
@@ -475,35 +487,30 @@ class ResponseTranslator:
         )
         return [added, part_added]
 
-    def _tool_call(self, call: dict[str, Any]) -> list[Event]:
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        assert isinstance(fn, dict)
-        index = call["index"] if isinstance(call.get("index"), int) else 0
+    def _tool_call(self, part: ToolCallPart) -> list[Event]:
         events: list[Event] = []
-        if index not in self._calls:
+        if part.index not in self._calls:
             events += self._close("completed")
-            cid = call.get("id")
             item = {
                 "id": new_id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": cid if isinstance(cid, str) and cid else new_id("call"),
-                "name": fn.get("name") if isinstance(fn.get("name"), str) else "",
+                "call_id": part.id or new_id("call"),
+                "name": part.name,
                 "arguments": "",
             }
             self.output.append(item)
-            self._open = self._calls[index] = len(self.output) - 1
+            self._open = self._calls[part.index] = len(self.output) - 1
             events.append(self._ev("response.output_item.added", output_index=self._open, item=_copy(item)))
-        at = self._calls[index]
-        args = fn.get("arguments")
-        if isinstance(args, str) and args:
-            self.output[at]["arguments"] += args
+        at = self._calls[part.index]
+        if part.arguments:
+            self.output[at]["arguments"] += part.arguments
             if at == self._open:  # a closed item cannot take more events; its arguments still grow
                 delta = self._ev(
                     "response.function_call_arguments.delta",
                     item_id=self.output[at]["id"],
                     output_index=at,
-                    delta=args,
+                    delta=part.arguments,
                 )
                 events.append(delta)
         return events
@@ -560,11 +567,52 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(item))
 
 
-def _int_or(value: Any, default: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
 def sse(events: Sequence[Event]) -> bytes:
     return b"".join(
         f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode() for name, data in events
     )
+
+
+class ResponsesRun:
+    """A ResponseTranslator as the request runner drives it (app/server/runner.py): bytes out."""
+
+    stopped = False
+
+    def __init__(self, tr: ResponseTranslator) -> None:
+        self.tr = tr
+        self._opened = False
+
+    def waiting(self, phase: str, seconds: float) -> bytes:
+        return f": switchyard: loading {self.tr.model} ({phase}, {seconds:.0f} s)\n\n".encode()
+
+    def opening(self) -> bytes:
+        self._opened = True
+        return sse(self.tr.start())
+
+    def feed(self, delta: Delta) -> bytes:
+        events = self.tr.feed(delta)
+        return sse(events) if events else b""
+
+    def closing(self) -> bytes:
+        return sse(self.tr.finish())
+
+    def failed(self, exc: SwitchyardError) -> bytes:
+        head = b"" if self._opened else self.opening()
+        return head + sse(self.tr.fail(exc))
+
+    def whole(self) -> dict[str, Any]:
+        self.tr.finish()
+        return self.tr.response()
+
+    def usage(self) -> tuple[int, int] | None:
+        u = self.tr.usage()
+        return int(u["input_tokens"]), int(u["output_tokens"])
+
+    def wants_prompt_count(self) -> bool:
+        return False
+
+    def prompt_counted(self, tokens: int) -> None:
+        self.tr.input_tokens = tokens
+
+    def loaded(self, seconds: float) -> None:
+        pass

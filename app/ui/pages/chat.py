@@ -4,14 +4,13 @@ same /v1/chat/completions path editors use — rendered as Markdown, with Stop, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
-import json
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
@@ -34,6 +33,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.client import ChatError, stream_chat
+from app.chat.deltas import Text, Usage
 from app.ui.pages import Page
 
 
@@ -418,40 +419,28 @@ class ChatPage(Page):
         error: str | None = None
         stopped = False
         try:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(f"{srv.url}/v1/chat/completions", json=body) as resp:
-                    if resp.status != 200:
-                        error = await _error_text(resp)
-                    else:
-                        async for raw in resp.content:
-                            line = raw.decode("utf-8", "replace").strip()
-                            if not line.startswith("data:"):
-                                continue
-                            data = line[5:].strip()
-                            if data == "[DONE]":
-                                break
-                            chunk = json.loads(data)
-                            if chunk.get("usage"):
-                                usage_tokens = chunk["usage"].get("completion_tokens")
-                                context_used = chunk["usage"].get("total_tokens")
-                            for ch in chunk.get("choices") or []:
-                                piece = (ch.get("delta") or {}).get("content")
-                                if piece:
-                                    if ttft is None:
-                                        ttft = time.monotonic() - t0
-                                        self.phase.setText("")
-                                    chunks += 1
-                                    self.live["text"] += piece
-                                    now = time.monotonic()
-                                    if now - last_paint > 0.05:  # redraw at most 20 times a second
-                                        self.show_messages()
-                                        last_paint = now
-                            # let Qt run between chunks (Stop, typing, resizing stay live)
-                            await asyncio.sleep(0)
+            async with contextlib.aclosing(stream_chat(srv.url, body)) as deltas:
+                async for delta in deltas:
+                    if isinstance(delta, Usage):
+                        usage_tokens = delta.completion_tokens
+                        if delta.prompt_tokens is not None and delta.completion_tokens is not None:
+                            context_used = delta.prompt_tokens + delta.completion_tokens
+                    elif isinstance(delta, Text):
+                        if ttft is None:
+                            ttft = time.monotonic() - t0
+                            self.phase.setText("")
+                        chunks += 1
+                        self.live["text"] += delta.text
+                        now = time.monotonic()
+                        if now - last_paint > 0.05:  # redraw at most 20 times a second
+                            self.show_messages()
+                            last_paint = now
+                    # let Qt run between pieces (Stop, typing, resizing stay live)
+                    await asyncio.sleep(0)
+        except ChatError as exc:
+            error = str(exc)
         except asyncio.CancelledError:
             stopped = True
-        except aiohttp.ClientError as exc:
-            error = f"the local server did not answer ({exc}); check the Server page, then Regenerate"
         finally:
             took = time.monotonic() - t0
             tokens = usage_tokens or chunks
@@ -522,12 +511,3 @@ def _context_size(desk: Any, model: str) -> int | None:
     params = (lane.snapshot().get("params") or {}) if lane is not None else {}
     total, slots = params.get("ctx_size"), params.get("parallel") or 1
     return int(total) // int(slots) if total else None
-
-
-async def _error_text(resp: aiohttp.ClientResponse) -> str:
-    try:
-        doc = await resp.json(content_type=None)
-        msg = (doc.get("error") or {}).get("message") if isinstance(doc, dict) else None
-    except (ValueError, aiohttp.ClientError):
-        msg = None
-    return f"{msg or await resp.text()} (HTTP {resp.status})"

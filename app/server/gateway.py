@@ -1,0 +1,414 @@
+"""The one request path: resolve → wait → hold → check → post, for every surface and every target.
+
+`resolve` turns a request's `model` into where it goes (a remote model, or a local catalog entry, asked
+once) and refuses what that model cannot do; `wait_ready` starts a local lane just in time, telling a
+waiting stream how the start goes; `hold` counts the request as in flight on its `Target` (a local `Lane`
+or a `RemoteLane`, app/lanes/target.py); `check` makes the checks an engine will not make for itself
+(prompt length against a llama.cpp slot, images for an engine without a projector); `post` is the one
+POST: the model renamed for the target, its auth headers, one retry on a stale pooled socket, one mapping
+of refusals and broken connections to errors. Routes and translators never talk to engines otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from app.chat.deltas import Delta, StreamReader, StreamRefusal
+from app.core.errors import (
+    BadRequestError,
+    ContextLengthExceededError,
+    ModelHasNoVisionError,
+    RemoteFailedError,
+    SwitchyardError,
+    UpstreamRefusedError,
+)
+from app.lanes.lane import LaneState
+from app.lanes.remote import RemoteLane
+from app.lanes.target import Target
+from app.library.catalog import ModelEntry
+from app.runtime import Runtime
+from app.server.raw_http import RawUpstream, open_post, read_all
+
+log = logging.getLogger("switchyard.gateway")
+LOADING_TICK_S = 1.0  # how often a waiting stream hears that its model is still loading
+_NO_TOTAL = aiohttp.ClientTimeout(total=None, sock_connect=10)
+# a token covers at least one byte of the request body; the chat template adds at most this much
+TEMPLATE_ALLOWANCE = 512
+PER_MESSAGE_ALLOWANCE = 32
+Tick = Callable[[str, float], Awaitable[None]]  # (phase, seconds waited)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request's model goes: a remote model, or a local catalog entry."""
+
+    model: str  # the id requests and logs use (a remote's NAME/MODEL, or the catalog id)
+    entry: ModelEntry | None
+    remote: RemoteLane | None
+
+
+class Gateway:
+    """The request path over one Runtime; one per server, kept on the app (app/server/keys.py)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    # ---- resolve -------------------------------------------------------------------------------------
+    def resolve(self, model: str, capability: str) -> Route:
+        """Where `model` goes, refused (400/404) when it cannot do `capability` there. A local model of the
+        same id always wins over a remote's NAME/MODEL."""
+        rt = self.rt
+        if (remote := self.remote_for(model)) is not None:
+            if (missing := remote.capability_error(capability)) is not None:
+                raise missing
+            return Route(remote.model_id, None, remote)
+        entry = rt.catalog.get(model)
+        if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
+            wanted = "embedding" if capability == "embeddings" else "chat"
+            if capability in ("chat", "completions", "embeddings") and entry.kind != wanted:
+                raise _kind_error(model, entry.kind)
+        if (missing_local := rt.supervisor.capability_error(entry, capability)) is not None:
+            raise missing_local  # a voice asked for chat, a transcriber for embeddings: name who can
+        return Route(entry.id, entry, None)
+
+    def remote_for(self, model: str) -> RemoteLane | None:
+        """The remote lane `model` names (`NAME/MODEL`), or None: a local model of the same id always wins."""
+        if self.rt.catalog.find(model) is not None:
+            return None
+        return self.rt.remotes.resolve(model)
+
+    # ---- wait and hold -------------------------------------------------------------------------------
+    def needs_start(self, route: Route) -> bool:
+        """Whether a request for `route` would wait for a local lane to start (or restart)."""
+        if route.entry is None:
+            return False
+        return not self.rt.supervisor.lane_for(route.entry).available
+
+    async def wait_ready(self, route: Route, *, tick: Tick) -> None:
+        """Start `route`'s lane, calling `tick(phase, seconds)` at once and every LOADING_TICK_S until it is
+        ready. Raises the start's error; a tick that raises (the client went away) ends the wait while the
+        start goes on for the next request."""
+        if route.entry is None:
+            return
+        sup = self.rt.supervisor
+        lane = sup.lane_for(route.entry)
+        start = asyncio.ensure_future(sup.ensure(route.model, entry=route.entry))
+        start.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved even if nobody waits
+        t0 = time.monotonic()
+        while True:
+            phase = "queued" if lane.state is LaneState.STOPPED else lane.state.value  # waiting for a swap
+            await tick(phase, time.monotonic() - t0)
+            done, _ = await asyncio.wait({start}, timeout=LOADING_TICK_S)
+            if done:
+                break
+        start.result()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, route: Route) -> AsyncIterator[Target]:
+        """Hold the target for one request (a local lane started just in time), counted as in flight."""
+        if route.remote is not None:
+            async with self.rt.remotes.use(route.remote) as remote:
+                yield remote
+        else:
+            async with self.rt.supervisor.use(route.model, entry=route.entry) as lane:
+                yield lane
+
+    def http(self, target: Target) -> aiohttp.ClientSession:
+        return self.rt.remotes.http if isinstance(target, RemoteLane) else self.rt.supervisor.http
+
+    # ---- checks --------------------------------------------------------------------------------------
+    async def check(
+        self,
+        target: Target,
+        body: dict[str, Any],
+        *,
+        route: str,
+        body_bytes: int,
+        has_images: bool,
+        param: str | None = None,
+    ) -> None:
+        """What the engine will not check for itself: images it cannot read, a prompt its slot cannot hold."""
+        if has_images and await target.sees_images(self.http(target)) is False:
+            raise ModelHasNoVisionError(
+                f"model {target.model_id!r} cannot read images: its engine has no vision projector (mmproj) "
+                "loaded; send text only, or use a vision model",
+                param=param or ("messages" if route == "chat" else "prompt"),
+            )
+        if route in ("chat", "completions") and self.rt.settings.check_prompt_length:
+            await self._check_prompt(target, body, route=route, body_bytes=body_bytes, param=param)
+
+    async def _check_prompt(
+        self, target: Target, body: dict[str, Any], *, route: str, body_bytes: int, param: str | None
+    ) -> None:
+        ctx = target.slot_context()
+        if ctx is None:
+            return
+        slot, total, parallel = ctx
+        try:
+            if route == "chat":
+                messages = body.get("messages")
+                n_msgs = len(messages) if isinstance(messages, list) else 0
+                if not may_exceed(body_bytes, messages=n_msgs, slot_ctx=slot):
+                    return
+                # one call: the texts alone, tokenized; only a prompt near the limit is counted exactly
+                bound = await self._tokens(target, _chat_text(body))
+                if bound + TEMPLATE_ALLOWANCE + PER_MESSAGE_ALLOWANCE * n_msgs < slot:
+                    return
+                n: int | None = await self.count_prompt(target, body)
+            else:
+                n = await self._completion_tokens(target, body.get("prompt"), body_bytes, slot)
+        except SwitchyardError as exc:  # the engine could not count it: let the engine itself decide
+            log.info("could not count the prompt for %s: %s", target.model_id, exc.message)
+            return
+        if n is None or n < slot:
+            return
+        shared = (
+            f"{total} tokens shared by {parallel} parallel slots" if parallel > 1 else "its whole context"
+        )
+        raise ContextLengthExceededError(
+            f"the prompt is {n} tokens, but model {target.model_id!r} has a context of {slot} tokens per "
+            f"request ({shared}), and a prompt must leave room for at least one generated token; shorten "
+            f"the prompt, or give each request more context: raise ctx_size or lower parallel "
+            f"(model_overrides[{target.model_id!r}] in settings.json)",
+            param=param or ("messages" if route == "chat" else "prompt"),
+        )
+
+    async def _completion_tokens(self, target: Target, prompt: Any, body_bytes: int, slot: int) -> int | None:
+        """The longest prompt of a completion request in tokens (a list of prompts is a batch), or None."""
+        if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+            return len(prompt)  # token ids: exact, and free
+        if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            return max(len(p) for p in prompt)
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            return None
+        if not may_exceed(body_bytes, messages=0, slot_ctx=slot):
+            return None
+        longest = 0
+        for text in texts:
+            if len(text.encode()) + TEMPLATE_ALLOWANCE < slot:
+                continue
+            longest = max(longest, await self._tokens(target, text))
+        return longest
+
+    async def _tokens(self, target: Target, text: str) -> int:
+        tokens = await self.post_json(target, "/tokenize", {"content": text, "add_special": True})
+        if not isinstance(tokens, dict) or not isinstance(tokens.get("tokens"), list):
+            raise UpstreamRefusedError(
+                f"the engine for {target.model_id!r} did not tokenize the prompt", status=502, source="engine"
+            )
+        return len(tokens["tokens"])
+
+    async def count_prompt(self, target: Target, chat: dict[str, Any]) -> int:
+        """Tokens the model will see for this chat request.
+
+        A local llama.cpp engine renders and tokenizes it. A remote has no tokenizer route to rely on
+        (vLLM's /tokenize sits outside /v1, a remote Switchyard has none), so it is asked for one token of
+        answer to the same messages and tools: the `usage.prompt_tokens` it reports is what it counted."""
+        shape: dict[str, Any] = {
+            k: chat[k] for k in ("messages", "tools", "chat_template_kwargs") if k in chat
+        }
+        if isinstance(target, RemoteLane):
+            answer = await self.post_json(
+                target, "/v1/chat/completions", {**shape, "max_tokens": 1, "stream": False}
+            )
+            usage = answer.get("usage") if isinstance(answer, dict) else None
+            n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if not _is_int(n):
+                raise RemoteFailedError(
+                    f"remote {target.remote.name!r} answered a chat completion for {target.model_id!r} "
+                    "without usage.prompt_tokens, so its prompt tokens cannot be counted here; count them "
+                    "on the remote"
+                )
+            assert isinstance(n, int)
+            return n
+        rendered = await self.post_json(target, "/apply-template", shape)
+        prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
+        if not isinstance(prompt, str):
+            raise UpstreamRefusedError(
+                f"the engine for {target.model_id!r} did not render the prompt", status=502, source="engine"
+            )
+        return await self._tokens(target, prompt)
+
+    # ---- post ----------------------------------------------------------------------------------------
+    async def post(
+        self,
+        target: Target,
+        path: str,
+        body: bytes | dict[str, Any],
+        *,
+        stream: bool = False,
+        content_type: str = "application/json",
+    ) -> aiohttp.ClientResponse:
+        """The one POST to a target. A dict body is sent as JSON with the target's name for the model; bytes
+        go as they are (the caller renamed them if it had to). An error status is raised as the target's
+        refusal (the answer read and closed); the caller closes a successful answer when done with it."""
+        data = json.dumps({**body, "model": target.served_name}).encode() if isinstance(body, dict) else body
+        headers = {"Content-Type": content_type, **target.auth_headers()}
+        if stream:
+            # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
+            # for close keeps that socket out of the pool, where the next request would find it dead
+            headers["Connection"] = "close"
+        http = self.http(target)
+        for attempt in (1, 2):
+            try:
+                upstream = await http.post(
+                    target.base_url + path, data=data, headers=headers, timeout=_NO_TOTAL
+                )
+                break
+            except aiohttp.ClientConnectorError as exc:
+                await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+                raise target.broken(exc) from exc
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # a pooled connection the upstream closed while idle fails before it read anything: once
+                await asyncio.sleep(0)
+                if attempt == 1 and target.available:
+                    log.debug("connection to %s was stale (%s); retrying once", target.model_id, exc)
+                    continue
+                await asyncio.sleep(0.05)
+                raise target.broken(exc) from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                await asyncio.sleep(0.05)
+                raise target.broken(exc) from exc
+        else:  # pragma: no cover - the loop always breaks or raises
+            raise AssertionError("unreachable")
+        if upstream.status >= 400:
+            try:
+                answer = await upstream.read()
+            except (aiohttp.ClientError, OSError) as exc:
+                raise target.broken(exc) from exc
+            finally:
+                upstream.close()
+            raise target.refused(upstream.status, answer)
+        return upstream
+
+    def can_relay_raw(self, target: Target) -> bool:
+        """Whether a stream from `target` can be relayed at the protocol level (app/server/raw_http.py): a
+        local engine on plain HTTP. A remote goes through aiohttp (TLS, proxies, pooled connections)."""
+        return not isinstance(target, RemoteLane) and target.base_url.startswith("http://")
+
+    async def open_stream(self, target: Target, path: str, body: bytes) -> RawUpstream:
+        """The streamed POST for the byte relay: the same headers and the same error mapping as `post`,
+        on a connection of its own (an engine closes a streamed connection anyway)."""
+        headers = {"Content-Type": "application/json", **target.auth_headers()}
+        try:
+            proto = await open_post(target.base_url, path, body, headers)
+        except (OSError, TimeoutError) as exc:
+            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+            raise target.broken(exc) from exc
+        status, _ = proto.head.result()
+        if status >= 400:
+            try:
+                answer = await read_all(proto)
+            finally:
+                proto.close()
+            raise target.refused(status, answer)
+        return proto
+
+    async def read(self, target: Target, upstream: aiohttp.ClientResponse) -> bytes:
+        """The whole answer; a connection that breaks while it is read is the target's failure."""
+        try:
+            return await upstream.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)
+            raise target.broken(exc) from exc
+        finally:
+            upstream.close()
+
+    async def post_json(self, target: Target, path: str, body: dict[str, Any]) -> Any:
+        upstream = await self.post(target, path, body)
+        data = await self.read(target, upstream)
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            if isinstance(target, RemoteLane):
+                raise RemoteFailedError(
+                    f"remote {target.remote.name!r} answered {path} for {target.model_id!r} with something "
+                    f"that is not JSON; check that {target.remote.spec.url} is an OpenAI-compatible API"
+                ) from exc
+            raise UpstreamRefusedError(
+                f"the engine for {target.model_id!r} answered {path} with something that is not JSON",
+                status=502,
+                source="engine",
+            ) from exc
+
+    async def deltas(self, target: Target, upstream: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:
+        """The typed deltas of an OpenAI event stream, until `[DONE]`. A broken connection is the target's
+        failure; an error inside the stream is its refusal."""
+        reader = StreamReader()
+        try:
+            async for piece in upstream.content.iter_any():
+                for delta in reader.deltas(piece):
+                    yield delta
+                if reader.done:
+                    return
+        except StreamRefusal as exc:
+            raise target.refused(500, exc.payload) from None
+        except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)
+            raise target.broken(exc) from exc
+
+
+def _chat_text(body: dict[str, Any]) -> str:
+    """The text a chat template renders around: every message's text and the tools' schemas."""
+    texts: list[str] = []
+    for m in body.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if isinstance(m, dict) and m.get("tool_calls"):
+            texts.append(json.dumps(m["tool_calls"]))
+    if body.get("tools"):
+        texts.append(json.dumps(body["tools"]))
+    return "\n".join(texts)
+
+
+_IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def chat_has_images(body: dict[str, Any]) -> bool:
+    """Whether any message of an OpenAI chat body carries an image part."""
+    for m in body.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in content
+        ):
+            return True
+    return False
+
+
+def _kind_error(model: str, kind: str) -> BadRequestError:
+    if kind == "embedding":
+        return BadRequestError(
+            f"model {model!r} is an embedding model; it cannot chat or complete text "
+            "(use it with POST /v1/embeddings)",
+            param="model",
+        )
+    return BadRequestError(
+        f"model {model!r} is a generative model, not an embedding model (its GGUF has no pooling type); "
+        "use an embedding model for embeddings",
+        param="model",
+    )
+
+
+def may_exceed(body_bytes: int, *, messages: int, slot_ctx: int) -> bool:
+    """Whether a request this large could hold `slot_ctx` tokens or more.
+
+    A token covers at least one byte of the body, and the template adds at most TEMPLATE_ALLOWANCE tokens
+    plus PER_MESSAGE_ALLOWANCE per message; below that bound the prompt fits without counting."""
+    return body_bytes + TEMPLATE_ALLOWANCE + PER_MESSAGE_ALLOWANCE * messages >= slot_ctx
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,205 @@
+"""A minimal HTTP/1.1 client for one streamed POST to a local engine, at the protocol level.
+
+The pass-through relay (app/server/relay.py) needs the engine's answer as bytes the moment they arrive,
+written to the client's transport from the upstream socket's callback: no stream reader, no future and no
+task wake-up per event. aiohttp's client offers no such hook, so this does the little HTTP that a stream
+from a local engine needs: one request with `Connection: close`, a status line and headers, then the body
+handed to a sink as it comes. Only plain-HTTP loopback targets use it; remotes go through aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+from urllib.parse import urlsplit
+
+HEAD_LIMIT = 64 * 1024
+CONNECT_TIMEOUT_S = 10.0
+Sink = Callable[[bytes], None]
+
+
+class UpstreamClosed(ConnectionError):
+    """The engine closed the connection before it answered (or died)."""
+
+
+class RawUpstream(asyncio.Protocol):
+    """One connection, one request, one answer. `head` resolves to (status, headers); body bytes go to the
+    sink attached with `attach` (what arrived before it is replayed); `done` resolves when the connection
+    ends, to None or the error that ended it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.head: asyncio.Future[tuple[int, dict[str, str]]] = loop.create_future()
+        self.done: asyncio.Future[BaseException | None] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._sink: Sink | None = None
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink(data)
+            return
+        self._buf += data
+        if self.head.done():
+            return  # body bytes before a sink is attached: kept for `attach`
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buf) > HEAD_LIMIT:
+                self._fail(UpstreamClosed("the engine sent an answer head over 64 KiB"))
+            return
+        head, self._buf = self._buf[:end], self._buf[end + 4 :]
+        try:
+            self.head.set_result(_parse_head(head))
+        except ValueError as exc:
+            self._fail(UpstreamClosed(f"the engine's answer is not HTTP ({exc})"))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(
+                exc or UpstreamClosed("the engine closed the connection without answering")
+            )
+        if not self.done.done():
+            self.done.set_result(exc)
+
+    # ---- use -------------------------------------------------------------------------------------------
+    def attach(self, sink: Sink) -> None:
+        """Send the body to `sink` from now on (and what already arrived, at once)."""
+        self._sink = sink
+        if self._buf:
+            pending, self._buf = self._buf, b""
+            sink(pending)
+
+    def pause(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Drop the connection: an engine stops generating for a request whose socket is gone."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.head.done():
+            self.head.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"status line {lines[0][:80]!r}")
+    status = int(rest.split(" ", 1)[0])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+async def open_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> RawUpstream:
+    """Connect to `url`'s host, send the POST, and return the protocol once the answer's head arrived.
+
+    Raises OSError (or TimeoutError) when nothing answers there, UpstreamClosed when the connection ends
+    before a head."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        _, proto = await loop.create_connection(lambda: RawUpstream(loop), host, port)
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    lines += [
+        f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("content-length", "connection", "host")
+    ]
+    assert proto.transport is not None
+    proto.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+    try:
+        await proto.head
+    except BaseException:
+        proto.close()
+        raise
+    return proto
+
+
+class ChunkFrames:
+    """Tracks HTTP/1.1 chunked framing over a byte stream passed on as it is: says which bytes to forward
+    (every frame but the terminal zero-length one, which the client's own response writes) and when the
+    body ended. Frames are forwarded whole or in pieces, never re-encoded."""
+
+    __slots__ = ("_left", "_line", "ended")
+
+    def __init__(self) -> None:
+        self._left = 0  # bytes of the current chunk's data and its CRLF still to come
+        self._line = b""  # a size line cut by a read boundary
+        self.ended = False
+
+    def forward(self, data: bytes) -> bytes:
+        """The part of `data` to pass on (held bytes of a cut size line included)."""
+        if self.ended:
+            return b""  # nothing after the terminal frame is the client's
+        if self._line:
+            data, self._line = self._line + data, b""
+        pos, n = 0, len(data)
+        while pos < n and not self.ended:
+            if self._left:
+                step = min(self._left, n - pos)
+                pos += step
+                self._left -= step
+                continue
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                self._line = data[pos:]  # finished by the next read
+                return data[:pos]
+            size = int(data[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:
+                self.ended = True
+                return data[:pos]
+            self._left = size + 2
+            pos = eol + 2
+        return data
+
+
+def dechunk(data: bytes) -> bytes:
+    """The body of a chunked answer read whole (an error answer, not a stream)."""
+    out: list[bytes] = []
+    pos = 0
+    while True:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            return b"".join(out)
+        size = int(data[pos:eol].split(b";", 1)[0] or b"0", 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(data[eol + 2 : eol + 2 + size])
+        pos = eol + 2 + size + 2
+
+
+async def read_all(proto: RawUpstream) -> bytes:
+    """The rest of the answer once the engine closes the connection (it was asked to), de-chunked."""
+    parts: list[bytes] = []
+    proto.attach(parts.append)
+    await proto.done
+    data = b"".join(parts)
+    _, headers = proto.head.result()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return dechunk(data)
+    length = headers.get("content-length")
+    return data[: int(length)] if length and length.isdigit() else data

@@ -1,0 +1,214 @@
+"""The byte relay of a streamed answer: the engine's event stream written to the client as it arrives.
+
+No JSON is parsed per event: the usage a stream reports is in its last events, so only the last two
+pieces are kept and parsed once, at the end (for /metrics). A client that goes away closes the upstream
+request (the engine stops generating and frees its slot); an upstream that breaks mid-stream ends the
+client's stream with an error event naming the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from app.lanes.target import Target
+from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
+from app.server.raw_http import ChunkFrames, RawUpstream
+
+log = logging.getLogger("switchyard.relay")
+_DONE = b"data: [DONE]\n\n"
+_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
+_RESETS = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+def keep_header(name: str) -> bool:
+    """Whether an upstream answer header is passed on: not hop-by-hop, and not the engine's own CORS answer
+    (the gateway decides who may call it)."""
+    low = name.lower()
+    return low not in _HOP and not low.startswith("access-control-")
+
+
+def _mark_sent(request: web.Request, resp: web.StreamResponse, tail: bytes) -> None:
+    """Record a stream as answered in full, with the usage its last events carry (for /metrics)."""
+    if (usage := usage_from(tail)) is not None:
+        request[USAGE] = usage
+    request[SENT_STATUS] = resp.status
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    target: Target,
+    resp: web.StreamResponse | None = None,
+) -> web.StreamResponse:
+    """Relay `upstream`'s event stream to the client (through `resp` when it is prepared already)."""
+    try:
+        if resp is None:
+            resp = web.StreamResponse(status=upstream.status)
+            resp.headers["Content-Type"] = upstream.headers.get("Content-Type", "text/event-stream")
+            resp.headers["Cache-Control"] = "no-cache"
+            resp.headers["X-Accel-Buffering"] = "no"
+            await resp.prepare(request)
+        return await _pump(request, upstream, target, resp)
+    finally:
+        upstream.close()  # closing (not releasing) an unfinished answer drops the socket: the engine stops
+
+
+async def _pump(
+    request: web.Request, upstream: aiohttp.ClientResponse, target: Target, resp: web.StreamResponse
+) -> web.StreamResponse:
+    prev = last = b""
+    content = upstream.content
+    try:
+        # the first piece is read apart so the loop pays nothing for the time-to-first-byte stamp
+        if last := await content.readany():
+            await resp.write(last)
+            request[FIRST_BYTE] = time.perf_counter()
+            if last.endswith(_DONE):
+                _mark_sent(request, resp, last)
+        while chunk := await content.readany():
+            await resp.write(chunk)
+            prev, last = last, chunk  # the usage is in the last events: keep two pieces, parse none
+            if chunk.endswith(_DONE):
+                # the answer is whole once its terminal event is out: a client that hangs up now, while
+                # the engine is still closing its side, has read everything (counted 200, not 499)
+                _mark_sent(request, resp, prev + last)
+    except _RESETS:
+        log.info("client went away mid-stream; closing the upstream request")
+        return resp
+    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
+        await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+        err = target.broken(exc)
+        try:
+            await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
+        except _RESETS:
+            pass
+        return resp
+    _mark_sent(request, resp, prev + last)
+    try:
+        await resp.write_eof()
+    except _RESETS:
+        pass
+    return resp
+
+
+# ---- the protocol-level relay (local engines) --------------------------------------------------------
+HIGH_WATER = 256 * 1024  # client bytes buffered before the engine's socket is paused
+LOW_WATER = 64 * 1024
+
+
+class _Pump:
+    """Writes the engine's chunk frames to the client's transport from the engine socket's callback."""
+
+    def __init__(
+        self, request: web.Request, resp: web.StreamResponse, proto: RawUpstream, client: asyncio.Transport
+    ) -> None:
+        self.request, self.resp, self.proto, self.client = request, resp, proto, client
+        self.frames = ChunkFrames()
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.first = True
+        self.prev = self.last = b""
+        self._paused = False
+        self._drainer: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes) -> None:
+        out = self.frames.forward(data)
+        if out:
+            if self.client.is_closing():
+                self._end(ConnectionResetError("the client went away"))
+                return
+            self.client.write(out)
+            if self.first:
+                self.first = False
+                self.request[FIRST_BYTE] = time.perf_counter()
+            self.prev, self.last = self.last, out  # the usage is in the last events: keep two, parse none
+            if _DONE in out[-48:]:
+                # the answer is whole once its terminal event is out (see _mark_sent)
+                _mark_sent(self.request, self.resp, self.prev + self.last)
+            if not self._paused and self.client.get_write_buffer_size() > HIGH_WATER:
+                self._paused = True
+                self.proto.pause()
+                self._drainer = asyncio.ensure_future(self._resume_when_drained())
+        if self.frames.ended:
+            self._end(None)
+
+    def lost(self, fut: asyncio.Future[BaseException | None]) -> None:
+        """The engine's connection ended: cleanly only if the body had ended."""
+        if not self.frames.ended:
+            exc = fut.result() if not fut.cancelled() else None
+            self._end(exc or ConnectionError("the engine closed the stream before its end"))
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self.finished.done():
+            return
+        if exc is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(exc)
+        self.proto.close()
+
+    async def _resume_when_drained(self) -> None:
+        # a transport tells only its protocol (aiohttp's, not ours) when it drains: look, only while paused
+        while not self.client.is_closing() and self.client.get_write_buffer_size() > LOW_WATER:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        self._paused = False
+        self.proto.resume()
+
+
+async def relay_raw(
+    request: web.Request, proto: RawUpstream, target: Target, resp: web.StreamResponse | None = None
+) -> web.StreamResponse:
+    """Relay a local engine's chunked event stream to an HTTP/1.1 client, frame by frame as it arrives.
+
+    `resp`, when given, is prepared already (chunked: the loading comments went out in it)."""
+    try:
+        _, headers = proto.head.result()
+        if resp is None:
+            resp = web.StreamResponse(status=200)
+            resp.headers["Content-Type"] = headers.get("content-type", "text/event-stream")
+            resp.headers["Cache-Control"] = "no-cache"
+            resp.headers["X-Accel-Buffering"] = "no"
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+        await resp.write(b"")  # the headers go out now: what follows is written under them
+        client = request.transport
+        if client is None or client.is_closing():
+            return resp
+        pump = _Pump(request, resp, proto, client)
+        proto.done.add_done_callback(pump.lost)
+        proto.attach(pump.feed)
+        try:
+            await pump.finished
+        except _RESETS:
+            log.info("client went away mid-stream; closing the upstream request")
+            return resp
+        except OSError as exc:
+            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+            err = target.broken(exc)
+            with contextlib.suppress(*_RESETS):
+                await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
+            return resp
+        _mark_sent(request, resp, pump.prev + pump.last)
+        with contextlib.suppress(*_RESETS):
+            await resp.write_eof()
+        return resp
+    finally:
+        proto.close()  # an unfinished answer's socket dropped: the engine stops generating
+
+
+def raw_relay_fits(request: web.Request, proto: RawUpstream, resp: web.StreamResponse | None) -> bool:
+    """Whether the frames can go through untouched: an HTTP/1.1 client on a chunked response, and a
+    chunked event stream from the engine."""
+    _, headers = proto.head.result()
+    return (
+        request.version == aiohttp.HttpVersion11
+        and "chunked" in headers.get("transfer-encoding", "").lower()
+        and "text/event-stream" in headers.get("content-type", "")
+        and (resp is None or resp.chunked)
+    )

@@ -1,0 +1,188 @@
+"""The one runner of a translated route (Anthropic Messages, Responses, Ollama chat/generate):
+parse → resolve → wait → hold → check → post → stream or collect → error in the stream.
+
+A route parses its body into a `Call` (the OpenAI chat body the engine gets) and a `Translation` (the
+engine's deltas in its own shape); everything else is here, once. The engine is always asked to stream:
+a whole answer is collected from the same deltas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from app.chat.deltas import Delta
+from app.core.errors import SwitchyardError
+from app.lanes.target import Target
+from app.server.gateway import Gateway
+from app.server.keys import GATEWAY
+from app.server.metrics import FIRST_BYTE, USAGE
+from app.server.request_keys import MODEL
+from app.server.surface import Surface
+
+log = logging.getLogger("switchyard.runner")
+_RESETS = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+class Translation(Protocol):
+    """The engine's deltas in one surface's shape; bytes are ready to write."""
+
+    @property
+    def stopped(self) -> bool:
+        """True once the answer is complete on this side (a stop sequence matched): stop reading."""
+        ...
+
+    def waiting(self, phase: str, seconds: float) -> bytes: ...
+    def opening(self) -> bytes: ...
+    def feed(self, delta: Delta) -> bytes: ...
+    def closing(self) -> bytes: ...
+    def failed(self, exc: SwitchyardError) -> bytes:
+        """The error once the stream has begun (opening first if it was not sent)."""
+        ...
+
+    def whole(self) -> dict[str, Any]: ...
+    def usage(self) -> tuple[int, int] | None:
+        """(input, output) tokens for /metrics, when known."""
+        ...
+
+    def wants_prompt_count(self) -> bool:
+        """Whether the engine was cut off before its usage report (the runner counts the prompt)."""
+        ...
+
+    def prompt_counted(self, tokens: int) -> None: ...
+    def loaded(self, seconds: float) -> None:
+        """How long the request waited for its lane (Ollama reports it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Call:
+    model: str
+    body: dict[str, Any]  # the OpenAI body the engine gets (always streamed)
+    stream: bool  # whether the client gets a stream
+    size: int  # the client's body in bytes (the prompt-length check's bound)
+    path: str = "/v1/chat/completions"
+    capability: str = "chat"
+    has_images: bool = False
+    param: str | None = None  # the client's field a too-long prompt or an image is blamed on
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def run(request: web.Request, surface: Surface, call: Call, tr: Translation) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    request[MODEL] = call.model
+    to = gw.resolve(call.model, call.capability)
+    request[MODEL] = to.model
+    resp: web.StreamResponse | None = None
+    if call.stream and gw.needs_start(to):
+        resp = surface.stream_response(headers=call.headers)
+        await resp.prepare(request)
+
+        async def tick(phase: str, seconds: float) -> None:
+            assert resp is not None
+            await resp.write(tr.waiting(phase, seconds))
+
+        try:
+            await gw.wait_ready(to, tick=tick)
+        except _RESETS:
+            return resp  # the client went away; the start goes on for the next request
+        except SwitchyardError as exc:
+            await _write(resp, tr.failed(exc))
+            return resp
+    t_load = time.perf_counter()
+    try:
+        async with gw.hold(to) as target:
+            tr.loaded(time.perf_counter() - t_load)
+            route = "chat" if call.path == "/v1/chat/completions" else "completions"
+            await gw.check(
+                target,
+                call.body,
+                route=route,
+                body_bytes=call.size,
+                has_images=call.has_images,
+                param=call.param,
+            )
+            upstream = await gw.post(target, call.path, call.body, stream=True)
+            if call.stream:
+                return await _stream(request, gw, target, upstream, call, tr, resp, surface)
+            try:
+                async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
+                    async for delta in deltas:
+                        tr.feed(delta)
+                        if tr.stopped:
+                            break
+            finally:
+                upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
+            await _settle(gw, target, call, tr)
+    except SwitchyardError as exc:
+        if resp is None:
+            raise
+        await _write(resp, tr.failed(exc))  # the stream said 200 already: the error goes in it
+        return resp
+    if (usage := tr.usage()) is not None:
+        request[USAGE] = usage
+    answer = web.json_response(tr.whole(), headers=call.headers)
+    await answer.prepare(request)  # answered before anything the route does next (Ollama's unload)
+    await answer.write_eof()
+    return answer
+
+
+async def _stream(
+    request: web.Request,
+    gw: Gateway,
+    target: Target,
+    upstream: aiohttp.ClientResponse,
+    call: Call,
+    tr: Translation,
+    resp: web.StreamResponse | None,
+    surface: Surface,
+) -> web.StreamResponse:
+    try:
+        if resp is None:
+            resp = surface.stream_response(headers=call.headers)
+            await resp.prepare(request)
+        try:
+            await resp.write(tr.opening())
+            try:
+                async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
+                    async for delta in deltas:
+                        if out := tr.feed(delta):
+                            await resp.write(out)
+                            if FIRST_BYTE not in request:
+                                request[FIRST_BYTE] = time.perf_counter()
+                        if tr.stopped:
+                            break
+            finally:
+                upstream.close()
+            await _settle(gw, target, call, tr)
+            await resp.write(tr.closing())
+            if (usage := tr.usage()) is not None:
+                request[USAGE] = usage
+        except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as events
+            await resp.write(tr.failed(exc))
+        await resp.write_eof()
+    except _RESETS:
+        log.info("client went away mid-stream; closing the upstream request")
+    assert resp is not None
+    return resp
+
+
+async def _settle(gw: Gateway, target: Target, call: Call, tr: Translation) -> None:
+    """A stop sequence cut the engine off before its usage report: count the prompt ourselves."""
+    if not tr.wants_prompt_count():
+        return
+    try:
+        tr.prompt_counted(await gw.count_prompt(target, call.body))
+    except SwitchyardError as exc:
+        log.info("could not count prompt tokens for %s: %s", call.model, exc.message)
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(*_RESETS):
+        await resp.write(data)
