@@ -292,3 +292,15 @@ def test_chunk_frames_pass_every_frame_but_the_terminal_one(step: int) -> None:
     assert out == wire[: -len(b"0\r\n\r\n")]  # byte for byte, only the terminator held back
     assert dechunk(out + b"0\r\n\r\n") == b"".join(events)
     assert frames.forward(b"5\r\nlate!\r\n") == b""  # nothing after the end reaches the client
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_chunk_payload_decodes_however_the_frames_are_split(step: int) -> None:
+    from app.server.raw_http import ChunkPayload
+
+    events = [b'data: {"a": 1}\n\n', b"data: " + b"y" * 40 + b"\r\n\r\n", b"data: [DONE]\n\n"]
+    wire = _frames(*events)
+    dec = ChunkPayload()
+    got = b"".join(dec.feed(wire[i : i + step]) for i in range(0, len(wire), step))
+    assert got == b"".join(events) and dec.ended
+    assert dec.feed(b"3\r\nabc\r\n") == b""

@@ -203,3 +203,45 @@ async def read_all(proto: RawUpstream) -> bytes:
         return dechunk(data)
     length = headers.get("content-length")
     return data[: int(length)] if length and length.isdigit() else data
+
+
+class ChunkPayload:
+    """Decodes HTTP/1.1 chunked framing incrementally: the data bytes of the frames, as they arrive."""
+
+    __slots__ = ("_buf", "_left", "ended")
+
+    def __init__(self) -> None:
+        self._buf = b""  # a size line cut by a read boundary
+        self._left = 0  # data bytes of the current chunk still to come (its CRLF counted apart)
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.ended:
+            return b""
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        out: list[bytes] = []
+        pos, n = 0, len(data)
+        while pos < n:
+            if self._left > 2:  # data bytes, then the CRLF
+                take = min(self._left - 2, n - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                self._left -= take
+                continue
+            if self._left:  # the CRLF after the data
+                step = min(self._left, n - pos)
+                pos += step
+                self._left -= step
+                continue
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                self._buf = data[pos:]
+                break
+            size = int(data[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:
+                self.ended = True
+                break
+            self._left = size + 2
+            pos = eol + 2
+        return b"".join(out)

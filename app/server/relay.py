@@ -13,13 +13,15 @@ import contextlib
 import json
 import logging
 import time
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
 
+from app.chat.deltas import Delta, StreamReader, StreamRefusal
 from app.lanes.target import Target
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
-from app.server.raw_http import ChunkFrames, RawUpstream
+from app.server.raw_http import ChunkFrames, ChunkPayload, RawUpstream
 
 log = logging.getLogger("switchyard.relay")
 _DONE = b"data: [DONE]\n\n"
@@ -212,3 +214,91 @@ def raw_relay_fits(request: web.Request, proto: RawUpstream, resp: web.StreamRes
         and "text/event-stream" in headers.get("content-type", "")
         and (resp is None or resp.chunked)
     )
+
+
+# ---- a translated stream at the protocol level (local engines) ----------------------------------------
+class Translates(Protocol):
+    """What the translating pump needs of a runner's Translation (app/server/runner.py)."""
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def feed(self, delta: Delta) -> bytes: ...
+
+
+class _TranslatePump:
+    """Reads the engine's chunked event stream in the socket's callback, turns each event into the
+    surface's own bytes (the translation) and writes them to the client as chunk frames at once."""
+
+    def __init__(
+        self, request: web.Request, proto: RawUpstream, client: asyncio.Transport, tr: Translates
+    ) -> None:
+        self.request, self.proto, self.client, self.tr = request, proto, client, tr
+        self.frames = ChunkPayload()
+        self.reader = StreamReader()
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.first = True
+
+    def feed(self, data: bytes) -> None:
+        payload = self.frames.feed(data)
+        if payload and not self.finished.done():
+            try:
+                deltas = self.reader.deltas(payload)
+            except StreamRefusal as exc:
+                self._end(exc)
+                return
+            out = b""
+            for delta in deltas:
+                out += self.tr.feed(delta)
+                if self.tr.stopped:
+                    break
+            if out:
+                if self.client.is_closing():
+                    self._end(ConnectionResetError("the client went away"))
+                    return
+                self.client.write(b"%x\r\n%s\r\n" % (len(out), out))
+                if self.first:
+                    self.first = False
+                    self.request[FIRST_BYTE] = time.perf_counter()
+        if self.frames.ended or self.reader.done or self.tr.stopped:
+            self._end(None)
+
+    def lost(self, fut: asyncio.Future[BaseException | None]) -> None:
+        if not (self.frames.ended or self.reader.done):
+            exc = fut.result() if not fut.cancelled() else None
+            self._end(exc or ConnectionError("the engine closed the stream before its end"))
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self.finished.done():
+            return
+        if exc is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(exc)
+        self.proto.close()
+
+
+async def translate_raw(request: web.Request, proto: RawUpstream, target: Target, tr: Translates) -> None:
+    """Run a local engine's event stream through `tr` into the prepared, chunked response of `request`.
+
+    Returns once the engine's stream ended (or the translation stopped it); raises the target's refusal
+    for an error inside the stream, its broken-connection error if the engine went away, and
+    ConnectionResetError when the client did."""
+    try:
+        client = request.transport
+        if client is None or client.is_closing():
+            raise ConnectionResetError("the client went away")
+        pump = _TranslatePump(request, proto, client, tr)
+        proto.done.add_done_callback(pump.lost)
+        proto.attach(pump.feed)
+        try:
+            await pump.finished
+        except StreamRefusal as exc:
+            raise target.refused(500, exc.payload) from None
+        except _RESETS:
+            raise
+        except OSError as exc:
+            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+            raise target.broken(exc) from exc
+    finally:
+        proto.close()

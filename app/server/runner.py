@@ -9,6 +9,7 @@ a whole answer is collected from the same deltas.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from app.lanes.target import Target
 from app.server.gateway import Gateway
 from app.server.keys import GATEWAY
 from app.server.metrics import FIRST_BYTE, USAGE
+from app.server.relay import translate_raw
 from app.server.request_keys import MODEL
 from app.server.surface import Surface
 
@@ -82,6 +84,8 @@ async def run(request: web.Request, surface: Surface, call: Call, tr: Translatio
     resp: web.StreamResponse | None = None
     if call.stream and gw.needs_start(to):
         resp = surface.stream_response(headers=call.headers)
+        if request.version == aiohttp.HttpVersion11:
+            resp.enable_chunked_encoding()  # what the protocol-level stream writes under (_stream_raw)
         await resp.prepare(request)
 
         async def tick(phase: str, seconds: float) -> None:
@@ -108,6 +112,8 @@ async def run(request: web.Request, surface: Surface, call: Call, tr: Translatio
                 has_images=call.has_images,
                 param=call.param,
             )
+            if call.stream and _raw_fits(request, gw, target, resp):
+                return await _stream_raw(request, gw, target, call, tr, resp, surface)
             upstream = await gw.post(target, call.path, call.body, stream=True)
             if call.stream:
                 return await _stream(request, gw, target, upstream, call, tr, resp, surface)
@@ -169,6 +175,51 @@ async def _stream(
         await resp.write_eof()
     except _RESETS:
         log.info("client went away mid-stream; closing the upstream request")
+    assert resp is not None
+    return resp
+
+
+def _raw_fits(request: web.Request, gw: Gateway, target: Target, resp: web.StreamResponse | None) -> bool:
+    """Whether the stream can be translated in the engine socket's callback (relay.translate_raw): a local
+    engine, an HTTP/1.1 client, a chunked response."""
+    return (
+        gw.can_relay_raw(target)
+        and request.version == aiohttp.HttpVersion11
+        and (resp is None or resp.chunked)
+    )
+
+
+async def _stream_raw(
+    request: web.Request,
+    gw: Gateway,
+    target: Target,
+    call: Call,
+    tr: Translation,
+    resp: web.StreamResponse | None,
+    surface: Surface,
+) -> web.StreamResponse:
+    """`_stream` without a read loop: the engine's events are translated as they arrive."""
+    body = json.dumps({**call.body, "model": target.served_name}).encode()
+    proto = await gw.open_stream(target, call.path, body)
+    try:
+        if resp is None:
+            resp = surface.stream_response(headers=call.headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+        try:
+            await resp.write(tr.opening())  # the headers go out with it: what follows is written under them
+            await translate_raw(request, proto, target, tr)
+            await _settle(gw, target, call, tr)
+            await resp.write(tr.closing())
+            if (usage := tr.usage()) is not None:
+                request[USAGE] = usage
+        except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as events
+            await resp.write(tr.failed(exc))
+        await resp.write_eof()
+    except _RESETS:
+        log.info("client went away mid-stream; closing the upstream request")
+    finally:
+        proto.close()
     assert resp is not None
     return resp
 
