@@ -13,15 +13,15 @@ import contextlib
 import json
 import logging
 import time
-from typing import Protocol
 
 import aiohttp
 from aiohttp import web
 
-from app.chat.deltas import Delta, StreamReader, StreamRefusal
+from app.chat.deltas import StreamReader, StreamRefusal
 from app.lanes.target import Target
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
 from app.server.raw_http import ChunkFrames, ChunkPayload, RawUpstream
+from app.server.translation import Translation
 
 log = logging.getLogger("switchyard.relay")
 _DONE = b"data: [DONE]\n\n"
@@ -105,44 +105,41 @@ HIGH_WATER = 256 * 1024  # client bytes buffered before the engine's socket is p
 LOW_WATER = 64 * 1024
 
 
-class _Pump:
-    """Writes the engine's chunk frames to the client's transport from the engine socket's callback."""
+class _PumpBase:
+    """Writes to the client's transport from the engine socket's callback: the first-byte stamp, the
+    backpressure (the engine's socket paused while the client is behind), and the end of the stream as one
+    future (`finished`) the handler awaits, instead of a wake-up per event."""
 
-    def __init__(
-        self, request: web.Request, resp: web.StreamResponse, proto: RawUpstream, client: asyncio.Transport
-    ) -> None:
-        self.request, self.resp, self.proto, self.client = request, resp, proto, client
-        self.frames = ChunkFrames()
+    def __init__(self, request: web.Request, proto: RawUpstream, client: asyncio.Transport) -> None:
+        self.request, self.proto, self.client = request, proto, client
         self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.first = True
-        self.prev = self.last = b""
         self._paused = False
         self._drainer: asyncio.Future[None] | None = None
 
-    def feed(self, data: bytes) -> None:
-        out = self.frames.forward(data)
-        if out:
-            if self.client.is_closing():
-                self._end(ConnectionResetError("the client went away"))
-                return
-            self.client.write(out)
-            if self.first:
-                self.first = False
-                self.request[FIRST_BYTE] = time.perf_counter()
-            self.prev, self.last = self.last, out  # the usage is in the last events: keep two, parse none
-            if _DONE in out[-48:]:
-                # the answer is whole once its terminal event is out (see _mark_sent)
-                _mark_sent(self.request, self.resp, self.prev + self.last)
-            if not self._paused and self.client.get_write_buffer_size() > HIGH_WATER:
-                self._paused = True
-                self.proto.pause()
-                self._drainer = asyncio.ensure_future(self._resume_when_drained())
-        if self.frames.ended:
-            self._end(None)
+    @property
+    def body_ended(self) -> bool:
+        """Whether the engine's answer is whole (then its connection may end)."""
+        raise NotImplementedError
+
+    def _write(self, out: bytes) -> bool:
+        """Write `out` to the client; False (and the stream ended) when the client is gone."""
+        if self.client.is_closing():
+            self._end(ConnectionResetError("the client went away"))
+            return False
+        self.client.write(out)
+        if self.first:
+            self.first = False
+            self.request[FIRST_BYTE] = time.perf_counter()
+        if not self._paused and self.client.get_write_buffer_size() > HIGH_WATER:
+            self._paused = True
+            self.proto.pause()
+            self._drainer = asyncio.ensure_future(self._resume_when_drained())
+        return True
 
     def lost(self, fut: asyncio.Future[BaseException | None]) -> None:
         """The engine's connection ended: cleanly only if the body had ended."""
-        if not self.frames.ended:
+        if not self.body_ended:
             exc = fut.result() if not fut.cancelled() else None
             self._end(exc or ConnectionError("the engine closed the stream before its end"))
 
@@ -161,6 +158,34 @@ class _Pump:
             await asyncio.sleep(0.005)
         self._paused = False
         self.proto.resume()
+
+
+class _Pump(_PumpBase):
+    """The engine's chunk frames, passed to the client untouched (all but the terminal one)."""
+
+    def __init__(
+        self, request: web.Request, resp: web.StreamResponse, proto: RawUpstream, client: asyncio.Transport
+    ) -> None:
+        super().__init__(request, proto, client)
+        self.resp = resp
+        self.frames = ChunkFrames()
+        self.prev = self.last = b""
+
+    @property
+    def body_ended(self) -> bool:
+        return self.frames.ended
+
+    def feed(self, data: bytes) -> None:
+        out = self.frames.forward(data)
+        if out:
+            if not self._write(out):
+                return
+            self.prev, self.last = self.last, out  # the usage is in the last events: keep two, parse none
+            if _DONE in out[-48:]:
+                # the answer is whole once its terminal event is out (see _mark_sent)
+                _mark_sent(self.request, self.resp, self.prev + self.last)
+        if self.frames.ended:
+            self._end(None)
 
 
 async def relay_raw(
@@ -217,27 +242,21 @@ def raw_relay_fits(request: web.Request, proto: RawUpstream, resp: web.StreamRes
 
 
 # ---- a translated stream at the protocol level (local engines) ----------------------------------------
-class Translates(Protocol):
-    """What the translating pump needs of a runner's Translation (app/server/runner.py)."""
-
-    @property
-    def stopped(self) -> bool: ...
-
-    def feed(self, delta: Delta) -> bytes: ...
-
-
-class _TranslatePump:
-    """Reads the engine's chunked event stream in the socket's callback, turns each event into the
-    surface's own bytes (the translation) and writes them to the client as chunk frames at once."""
+class _TranslatePump(_PumpBase):
+    """Decodes the engine's chunk frames, reads the events as deltas, turns them into the surface's own
+    bytes (the translation) and writes those to the client as chunk frames at once."""
 
     def __init__(
-        self, request: web.Request, proto: RawUpstream, client: asyncio.Transport, tr: Translates
+        self, request: web.Request, proto: RawUpstream, client: asyncio.Transport, tr: Translation
     ) -> None:
-        self.request, self.proto, self.client, self.tr = request, proto, client, tr
+        super().__init__(request, proto, client)
+        self.tr = tr
         self.frames = ChunkPayload()
         self.reader = StreamReader()
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.first = True
+
+    @property
+    def body_ended(self) -> bool:
+        return self.frames.ended or self.reader.done
 
     def feed(self, data: bytes) -> None:
         payload = self.frames.feed(data)
@@ -252,33 +271,13 @@ class _TranslatePump:
                 out += self.tr.feed(delta)
                 if self.tr.stopped:
                     break
-            if out:
-                if self.client.is_closing():
-                    self._end(ConnectionResetError("the client went away"))
-                    return
-                self.client.write(b"%x\r\n%s\r\n" % (len(out), out))
-                if self.first:
-                    self.first = False
-                    self.request[FIRST_BYTE] = time.perf_counter()
-        if self.frames.ended or self.reader.done or self.tr.stopped:
+            if out and not self._write(b"%x\r\n%s\r\n" % (len(out), out)):
+                return
+        if self.body_ended or self.tr.stopped:
             self._end(None)
 
-    def lost(self, fut: asyncio.Future[BaseException | None]) -> None:
-        if not (self.frames.ended or self.reader.done):
-            exc = fut.result() if not fut.cancelled() else None
-            self._end(exc or ConnectionError("the engine closed the stream before its end"))
 
-    def _end(self, exc: BaseException | None) -> None:
-        if self.finished.done():
-            return
-        if exc is None:
-            self.finished.set_result(None)
-        else:
-            self.finished.set_exception(exc)
-        self.proto.close()
-
-
-async def translate_raw(request: web.Request, proto: RawUpstream, target: Target, tr: Translates) -> None:
+async def translate_raw(request: web.Request, proto: RawUpstream, target: Target, tr: Translation) -> None:
     """Run a local engine's event stream through `tr` into the prepared, chunked response of `request`.
 
     Returns once the engine's stream ended (or the translation stopped it); raises the target's refusal

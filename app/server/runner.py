@@ -13,12 +13,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from app.chat.deltas import Delta
 from app.core.errors import SwitchyardError
 from app.lanes.target import Target
 from app.server.gateway import Gateway
@@ -27,40 +26,10 @@ from app.server.metrics import FIRST_BYTE, USAGE
 from app.server.relay import translate_raw
 from app.server.request_keys import MODEL
 from app.server.surface import Surface
+from app.server.translation import Translation
 
 log = logging.getLogger("switchyard.runner")
 _RESETS = (ConnectionResetError, aiohttp.ClientConnectionResetError)
-
-
-class Translation(Protocol):
-    """The engine's deltas in one surface's shape; bytes are ready to write."""
-
-    @property
-    def stopped(self) -> bool:
-        """True once the answer is complete on this side (a stop sequence matched): stop reading."""
-        ...
-
-    def waiting(self, phase: str, seconds: float) -> bytes: ...
-    def opening(self) -> bytes: ...
-    def feed(self, delta: Delta) -> bytes: ...
-    def closing(self) -> bytes: ...
-    def failed(self, exc: SwitchyardError) -> bytes:
-        """The error once the stream has begun (opening first if it was not sent)."""
-        ...
-
-    def whole(self) -> dict[str, Any]: ...
-    def usage(self) -> tuple[int, int] | None:
-        """(input, output) tokens for /metrics, when known."""
-        ...
-
-    def wants_prompt_count(self) -> bool:
-        """Whether the engine was cut off before its usage report (the runner counts the prompt)."""
-        ...
-
-    def prompt_counted(self, tokens: int) -> None: ...
-    def loaded(self, seconds: float) -> None:
-        """How long the request waited for its lane (Ollama reports it)."""
-        ...
 
 
 @dataclass(frozen=True)

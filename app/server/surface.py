@@ -17,6 +17,7 @@ from aiohttp import web
 
 from app.core.errors import SwitchyardError
 from app.server.translate_anthropic import error_body as anthropic_error_body
+from app.server.translation import loading_comment
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 H = TypeVar("H", bound=Handler)
@@ -40,11 +41,6 @@ class Surface:
             resp.headers["Cache-Control"] = "no-cache"
             resp.headers["X-Accel-Buffering"] = "no"
         return resp
-
-
-def loading_comment(model: str, phase: str, seconds: float) -> bytes:
-    """An SSE comment line: clients skip it, a person reading the stream sees why it waits."""
-    return f": switchyard: loading {model} ({phase}, {seconds:.0f} s)\n\n".encode()
 
 
 def _openai_error_event(exc: SwitchyardError) -> bytes:

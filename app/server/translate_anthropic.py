@@ -16,6 +16,7 @@ from typing import Any
 
 from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
 from app.core.errors import LaneBusyError, SwitchyardError
+from app.server.translation import BaseRun
 from app.server.validate import bad as _bad
 from app.server.validate import typed_field as _field
 
@@ -625,18 +626,16 @@ def error_body(exc: SwitchyardError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(exc), "message": exc.message}}
 
 
-class MessagesRun:
+class MessagesRun(BaseRun):
     """A MessageTranslator as the request runner drives it (app/server/runner.py): SSE bytes out."""
 
     def __init__(self, tr: MessageTranslator) -> None:
         self.tr = tr
+        self.model = tr.model
 
     @property
     def stopped(self) -> bool:
         return self.tr.stopped
-
-    def waiting(self, phase: str, seconds: float) -> bytes:
-        return f": switchyard: loading {self.tr.model} ({phase}, {seconds:.0f} s)\n\n".encode()
 
     def opening(self) -> bytes:
         return sse(self.tr.start())
@@ -664,6 +663,3 @@ class MessagesRun:
 
     def prompt_counted(self, tokens: int) -> None:
         self.tr.input_tokens = tokens
-
-    def loaded(self, seconds: float) -> None:
-        pass

@@ -21,6 +21,7 @@ from app.core.errors import SwitchyardError
 from app.lanes.remote import RemoteLane
 from app.library.catalog import ModelEntry
 from app.server.translate_engine import parse_arguments
+from app.server.translation import BaseRun
 from app.server.validate import bad as _bad
 
 LATEST = ":latest"
@@ -448,19 +449,15 @@ class OllamaTranslator:
         return out
 
 
-class OllamaRun:
+class OllamaRun(BaseRun):
     """An OllamaTranslator as the request runner drives it (app/server/runner.py): NDJSON bytes out."""
-
-    stopped = False
 
     def __init__(self, tr: OllamaTranslator) -> None:
         self.tr = tr
+        self.model = tr.model
 
     def waiting(self, phase: str, seconds: float) -> bytes:
         return ndjson([self.tr.waiting()])
-
-    def opening(self) -> bytes:
-        return b""
 
     def feed(self, delta: Delta) -> bytes:
         objs = self.tr.feed(delta)
@@ -478,9 +475,6 @@ class OllamaRun:
     def usage(self) -> tuple[int, int] | None:
         prompt, completion = self.tr.usage.get("prompt_tokens"), self.tr.usage.get("completion_tokens")
         return (prompt, completion) if isinstance(prompt, int) and isinstance(completion, int) else None
-
-    def wants_prompt_count(self) -> bool:
-        return False
 
     def prompt_counted(self, tokens: int) -> None:
         self.tr.usage["prompt_tokens"] = tokens

@@ -20,6 +20,7 @@ from typing import Any
 from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
 from app.core.errors import SwitchyardError
 from app.server.translate_engine import pin_named_tool_choice
+from app.server.translation import BaseRun
 from app.server.validate import bad as _bad
 from app.server.validate import typed_field as _field
 
@@ -573,17 +574,13 @@ def sse(events: Sequence[Event]) -> bytes:
     )
 
 
-class ResponsesRun:
+class ResponsesRun(BaseRun):
     """A ResponseTranslator as the request runner drives it (app/server/runner.py): bytes out."""
-
-    stopped = False
 
     def __init__(self, tr: ResponseTranslator) -> None:
         self.tr = tr
+        self.model = tr.model
         self._opened = False
-
-    def waiting(self, phase: str, seconds: float) -> bytes:
-        return f": switchyard: loading {self.tr.model} ({phase}, {seconds:.0f} s)\n\n".encode()
 
     def opening(self) -> bytes:
         self._opened = True
@@ -608,11 +605,5 @@ class ResponsesRun:
         u = self.tr.usage()
         return int(u["input_tokens"]), int(u["output_tokens"])
 
-    def wants_prompt_count(self) -> bool:
-        return False
-
     def prompt_counted(self, tokens: int) -> None:
         self.tr.input_tokens = tokens
-
-    def loaded(self, seconds: float) -> None:
-        pass
