@@ -303,6 +303,9 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesCall:
     grammar = _field(body, "grammar", (str,), "a string (a llama.cpp GBNF grammar)")
     if grammar is not None:
         out["grammar"] = grammar
+    # llama.cpp's other generation extension: generate all max_tokens, never stopping at end-of-text
+    if (ignore_eos := _field(body, "ignore_eos", (bool,), "true or false")) is not None:
+        out["ignore_eos"] = ignore_eos
     if (response_format := to_openai_response_format(body)) is not None:
         if grammar is not None:
             raise _bad("send either 'grammar' or 'output_config.format', not both", "output_config")
