@@ -139,6 +139,14 @@ async def open_post(url: str, path: str, body: bytes, headers: dict[str, str]) -
     return proto
 
 
+def size_line(data: bytes, pos: int) -> tuple[int, int] | None:
+    """The chunk size announced at `pos` and where its data begins; None when the line is not whole yet."""
+    eol = data.find(b"\r\n", pos)
+    if eol < 0:
+        return None
+    return int(data[pos:eol].split(b";", 1)[0] or b"0", 16), eol + 2
+
+
 class ChunkFrames:
     """Tracks HTTP/1.1 chunked framing over a byte stream passed on as it is: says which bytes to forward
     (every frame but the terminal zero-length one, which the client's own response writes) and when the
@@ -164,32 +172,22 @@ class ChunkFrames:
                 pos += step
                 self._left -= step
                 continue
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
+            line = size_line(data, pos)
+            if line is None:
                 self._line = data[pos:]  # finished by the next read
                 return data[:pos]
-            size = int(data[pos:eol].split(b";", 1)[0], 16)
+            size, after = line
             if size == 0:
                 self.ended = True
                 return data[:pos]
             self._left = size + 2
-            pos = eol + 2
+            pos = after
         return data
 
 
 def dechunk(data: bytes) -> bytes:
     """The body of a chunked answer read whole (an error answer, not a stream)."""
-    out: list[bytes] = []
-    pos = 0
-    while True:
-        eol = data.find(b"\r\n", pos)
-        if eol < 0:
-            return b"".join(out)
-        size = int(data[pos:eol].split(b";", 1)[0] or b"0", 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(data[eol + 2 : eol + 2 + size])
-        pos = eol + 2 + size + 2
+    return ChunkPayload().feed(data)
 
 
 async def read_all(proto: RawUpstream) -> bytes:
@@ -234,14 +232,14 @@ class ChunkPayload:
                 pos += step
                 self._left -= step
                 continue
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
+            line = size_line(data, pos)
+            if line is None:
                 self._buf = data[pos:]
                 break
-            size = int(data[pos:eol].split(b";", 1)[0], 16)
+            size, after = line
             if size == 0:
                 self.ended = True
                 break
             self._left = size + 2
-            pos = eol + 2
+            pos = after
         return b"".join(out)

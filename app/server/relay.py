@@ -8,6 +8,7 @@ client's stream with an error event naming the target.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -105,7 +106,7 @@ HIGH_WATER = 256 * 1024  # client bytes buffered before the engine's socket is p
 LOW_WATER = 64 * 1024
 
 
-class _PumpBase:
+class _PumpBase(abc.ABC):
     """Writes to the client's transport from the engine socket's callback: the first-byte stamp, the
     backpressure (the engine's socket paused while the client is behind), and the end of the stream as one
     future (`finished`) the handler awaits, instead of a wake-up per event."""
@@ -118,9 +119,9 @@ class _PumpBase:
         self._drainer: asyncio.Future[None] | None = None
 
     @property
+    @abc.abstractmethod
     def body_ended(self) -> bool:
         """Whether the engine's answer is whole (then its connection may end)."""
-        raise NotImplementedError
 
     def _write(self, out: bytes) -> bool:
         """Write `out` to the client; False (and the stream ended) when the client is gone."""

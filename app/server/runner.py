@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,23 +119,52 @@ async def _stream(
     resp: web.StreamResponse | None,
     surface: Surface,
 ) -> web.StreamResponse:
-    try:
-        if resp is None:
-            resp = surface.stream_response(headers=call.headers)
-            await resp.prepare(request)
+    async def pump() -> None:
         try:
-            await resp.write(tr.opening())
-            try:
-                async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
-                    async for delta in deltas:
-                        if out := tr.feed(delta):
-                            await resp.write(out)
-                            if FIRST_BYTE not in request:
-                                request[FIRST_BYTE] = time.perf_counter()
-                        if tr.stopped:
-                            break
-            finally:
-                upstream.close()
+            async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
+                async for delta in deltas:
+                    if out := tr.feed(delta):
+                        await resp_.write(out)
+                        if FIRST_BYTE not in request:
+                            request[FIRST_BYTE] = time.perf_counter()
+                    if tr.stopped:
+                        break
+        finally:
+            upstream.close()
+
+    try:
+        resp_ = resp or await _prepared(request, surface, call, chunked=False)
+    except _RESETS:
+        upstream.close()
+        return resp or web.StreamResponse()
+    return await _translated(request, gw, target, call, tr, resp_, pump)
+
+
+async def _prepared(
+    request: web.Request, surface: Surface, call: Call, *, chunked: bool
+) -> web.StreamResponse:
+    resp = surface.stream_response(headers=call.headers)
+    if chunked:
+        resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    return resp
+
+
+async def _translated(
+    request: web.Request,
+    gw: Gateway,
+    target: Target,
+    call: Call,
+    tr: Translation,
+    resp: web.StreamResponse,
+    pump: Callable[[], Awaitable[None]],
+) -> web.StreamResponse:
+    """A translated stream around `pump` (which feeds the engine's deltas to `tr` and writes what comes
+    out): the opening, the prompt count a stop sequence needs, the closing, an error in the stream."""
+    try:
+        try:
+            await resp.write(tr.opening())  # the headers go out with it: what follows is written under them
+            await pump()
             await _settle(gw, target, call, tr)
             await resp.write(tr.closing())
             if (usage := tr.usage()) is not None:
@@ -144,7 +174,6 @@ async def _stream(
         await resp.write_eof()
     except _RESETS:
         log.info("client went away mid-stream; closing the upstream request")
-    assert resp is not None
     return resp
 
 
@@ -171,26 +200,15 @@ async def _stream_raw(
     body = json.dumps({**call.body, "model": target.served_name}).encode()
     proto = await gw.open_stream(target, call.path, body)
     try:
-        if resp is None:
-            resp = surface.stream_response(headers=call.headers)
-            resp.enable_chunked_encoding()
-            await resp.prepare(request)
-        try:
-            await resp.write(tr.opening())  # the headers go out with it: what follows is written under them
-            await translate_raw(request, proto, target, tr)
-            await _settle(gw, target, call, tr)
-            await resp.write(tr.closing())
-            if (usage := tr.usage()) is not None:
-                request[USAGE] = usage
-        except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as events
-            await resp.write(tr.failed(exc))
-        await resp.write_eof()
+        resp = resp or await _prepared(request, surface, call, chunked=True)
+        return await _translated(
+            request, gw, target, call, tr, resp, lambda: translate_raw(request, proto, target, tr)
+        )
     except _RESETS:
-        log.info("client went away mid-stream; closing the upstream request")
+        log.info("client went away before the stream began; closing the upstream request")
+        return resp or web.StreamResponse()
     finally:
         proto.close()
-    assert resp is not None
-    return resp
 
 
 async def _settle(gw: Gateway, target: Target, call: Call, tr: Translation) -> None:
