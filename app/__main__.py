@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the server headless (no window)")
     s.add_argument("--host", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
+    s.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS: tls_cert/tls_key from settings, else a self-signed certificate under the data dir "
+        "(required for a non-loopback --host unless allow_plain_lan is set)",
+    )
     _models_dir_arg(s)
     s.add_argument(
         "--max-loaded", type=int, dest="max_loaded_lanes", help="generation lanes loaded at once (default 1)"
@@ -174,7 +180,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
     )
     settings = _settings(args, paths)
     with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
-        runner.run(serve(settings, paths))
+        runner.run(serve(settings, paths, use_tls=bool(getattr(args, "tls", False))))
     return 0
 
 
@@ -305,14 +311,13 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
-    from app.core.pins import load_pins, save_pins
+    from app.core.pins import load_pins, set_pin
     from app.explain import explain_pin
 
     pins = load_pins(paths.pins_file)
     paths.home.mkdir(parents=True, exist_ok=True)
     if args.clear:
-        removed = pins.pop(args.model, None)
-        save_pins(paths.pins_file, pins)
+        removed = set_pin(paths.pins_file, args.model, None)  # locked: concurrent pins are all kept
         print(f"unpinned {args.model}" if removed else f"{args.model} was not pinned")
         return 0
     if not args.lane:
@@ -326,9 +331,7 @@ def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
     refusal = explain_pin(args.model, args.lane, settings=settings, paths=paths)
     if refusal:
         raise SettingsError(f"cannot pin {args.model} to {args.lane}: {refusal}")
-    pins[args.model] = args.lane
-    paths.home.mkdir(parents=True, exist_ok=True)
-    save_pins(paths.pins_file, pins)
+    set_pin(paths.pins_file, args.model, args.lane)
     print(f"pinned {args.model} to {args.lane}; `switchyard explain` and the server's lane starts follow it")
     return 0
 
@@ -359,6 +362,9 @@ def cmd_gui(args: argparse.Namespace, paths: Paths) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     paths = Paths.from_env()
+    from app.server.tls import install_client_trust
+
+    install_client_trust(paths)  # every command's calls to a TLS server trust the certificate it recorded
     commands = {
         "serve": cmd_serve,
         "ls": cmd_ls,

@@ -29,6 +29,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
     store = KeyStore.at(paths)
     if args.keys_command == "create":
+        # create() returns only once the key is durably in keys.json (under its lock, so concurrent
+        # creates all land): a printed key is never one that was lost
         created = store.create(args.name)
         print(f"created API key {created.info.name!r}; it is shown only this once:", file=sys.stderr)
         print(created.secret.reveal(), flush=True)

@@ -7,6 +7,11 @@ process (this file, `--relay`) forwards each to a reader as it arrives. The rela
 here. Switchyard's byte relay (app/server/relay.py) does that much plus its frame tracking; its gateway
 figure in docs/performance.md can be read against this one.
 
+Three relays are measured, interleaved round by round: the uvloop protocol relay, a thread doing blocking
+`recv_into` + `sendall` (no event loop at all), and a thread moving the bytes with `os.splice` through a
+pipe (Linux; they never enter Python memory). The last two bound what any design with one wake-up per event
+could reach here.
+
     .venv/bin/python bench/relay_floor.py                  # 3 rounds of 2000 events, 1 ms apart
 """
 
@@ -37,8 +42,35 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
-def relay(listen_port: int, upstream_port: int) -> None:
+MODES = ("uvloop", "thread", "splice") if hasattr(os, "splice") else ("uvloop", "thread")
+
+
+def relay_blocking(listen_port: int, upstream_port: int, *, splice: bool) -> None:
+    """The same relay without an event loop: one thread blocked in the read, sending what it got."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", listen_port))
+    srv.listen(1)
+    print("ready", flush=True)
+    down, _ = srv.accept()
+    up = socket.create_connection(("127.0.0.1", upstream_port))
+    if splice:
+        r, w = os.pipe()
+        while n := os.splice(up.fileno(), w, 1 << 16):
+            while n:
+                n -= os.splice(r, down.fileno(), n)
+    else:
+        buf = bytearray(1 << 16)
+        view = memoryview(buf)
+        while n := up.recv_into(buf):
+            down.sendall(view[:n])
+    down.close()
+
+
+def relay(listen_port: int, upstream_port: int, mode: str) -> None:
     """Accept one client; connect to the producer; forward every byte from it to the client."""
+    if mode != "uvloop":
+        relay_blocking(listen_port, upstream_port, splice=mode == "splice")
+        return
     try:
         import uvloop
 
@@ -96,7 +128,7 @@ def read_all(port: int) -> int:
         return n
 
 
-def one_round(events: int, gap_s: float) -> float:
+def one_round(events: int, gap_s: float, mode: str) -> float:
     import threading
 
     up = socket.socket()
@@ -108,7 +140,7 @@ def one_round(events: int, gap_s: float) -> float:
     listen_port = probe.getsockname()[1]
     probe.close()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--relay", str(listen_port), str(up_port)],
+        [sys.executable, __file__, "--relay", str(listen_port), str(up_port), mode],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -128,20 +160,24 @@ def one_round(events: int, gap_s: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--relay", nargs=2, type=int, metavar=("LISTEN", "UPSTREAM"), help=argparse.SUPPRESS)
+    ap.add_argument("--relay", nargs=3, metavar=("LISTEN", "UPSTREAM", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--events", type=int, default=2000)
     ap.add_argument("--gap-ms", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if args.relay:
-        relay(*args.relay)
+        relay(int(args.relay[0]), int(args.relay[1]), args.relay[2])
         return
-    figures = [one_round(args.events, args.gap_ms / 1000) for _ in range(args.rounds)]
+    figures: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:  # interleaved: machine noise lands on every relay alike
+            figures[mode].append(one_round(args.events, args.gap_ms / 1000, mode))
     print(
-        f"bare uvloop relay: {statistics.median(figures):.1f} µs of relay CPU per forwarded event "
-        f"(median of {args.rounds} rounds of {args.events} events {args.gap_ms:g} ms apart; "
-        f"rounds: {', '.join(f'{f:.1f}' for f in figures)})"
+        f"relay CPU per forwarded event ({args.rounds} rounds of {args.events} events, "
+        f"{args.gap_ms:g} ms apart):"
     )
+    for mode, f in figures.items():
+        print(f"  {mode:7s} {statistics.median(f):6.1f} µs median; rounds {', '.join(f'{x:.1f}' for x in f)}")
 
 
 if __name__ == "__main__":

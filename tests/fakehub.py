@@ -9,6 +9,11 @@ Faults (`hub.faults`) apply to file downloads (`GET .../resolve/...`): cut conne
 bytes, corrupted bytes, slow reads, 5xx answers, Range ignored. `hub.served` counts the body bytes
 sent per file, so a test can assert that a header read fetched only a small fraction of a file.
 
+A hostile repository (`add_hostile_repo`) answers model info with siblings and a commit id written by the
+test, verbatim (`../../evil.gguf`, a commit of `../x`, an lfs sha256 with a NUL...), and serves its bytes
+for any download URL, even one a client normalized away from the repository: what a broken or malicious
+hub or mirror could send.
+
     with FakeHub() as hub:
         hub.add_repo("org/model-GGUF", {"model-Q4_K_M.gguf": path.read_bytes()})
         HfApi(endpoint=hub.url).model_info("org/model-GGUF")
@@ -68,6 +73,26 @@ class Commit:
 
 
 @dataclass
+class Hostile:
+    """Metadata answered verbatim for one repository, and the bytes served for any file of it."""
+
+    siblings: list[dict[str, Any]]
+    sha: str | None = None  # the commit id model info answers (None: the real one)
+    body: bytes = b""
+
+
+def hostile_sibling(
+    name: str, data: bytes, *, lfs: bool = True, sha256: str | None = None, oid: str | None = None
+) -> dict[str, Any]:
+    """A model-info sibling for `data` under any `name`, its checksums overridable."""
+    s: dict[str, Any] = {"rfilename": name, "size": len(data), "blobId": oid or git_blob_oid(data)}
+    if lfs:
+        digest = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
+        s["lfs"] = {"sha256": digest, "size": len(data), "pointerSize": 134}
+    return s
+
+
+@dataclass
 class FakeRepo:
     id: str
     commits: list[Commit] = field(default_factory=list)
@@ -80,6 +105,7 @@ class FakeRepo:
     pipeline_tag: str | None = None
     card_data: dict[str, Any] | None = None
     created: datetime = field(default_factory=lambda: datetime.now(UTC))
+    hostile: Hostile | None = None
 
     @property
     def head(self) -> Commit:
@@ -178,6 +204,16 @@ class FakeHub:
             repo.commits.append(Commit(sha, current, datetime.now(UTC)))
             return sha
 
+    def add_hostile_repo(
+        self, repo_id: str, siblings: list[dict[str, Any]], *, sha: str | None = None, body: bytes = b""
+    ) -> str:
+        """A repository whose model info lists `siblings` (and commit `sha`) verbatim and whose every
+        download answers `body`; returns the real commit sha, which resolve also accepts."""
+        real = self.add_repo(repo_id, {"README.md": b"# hostile\n"})
+        with self._lock:
+            self.repos[repo_id].hostile = Hostile(siblings=siblings, sha=sha, body=body)
+        return real
+
     def file(self, repo_id: str, path: str, rev: str = "main") -> FakeFile:
         commit = self.repos[repo_id].at(rev)
         assert commit is not None
@@ -236,6 +272,7 @@ class FakeHub:
         app.router.add_get("/api/models/{org}/{name}/tree/{rev}/{path:.*}", self._tree)
         app.router.add_route("HEAD", "/{org}/{name}/resolve/{rev}/{path:.*}", self._resolve)
         app.router.add_get("/{org}/{name}/resolve/{rev}/{path:.*}", self._resolve, allow_head=False)
+        app.router.add_route("*", "/{tail:.*}", self._anything)  # last: only what nothing else matched
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -380,6 +417,9 @@ class FakeHub:
                     s["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
             siblings.append(s)
         info["siblings"] = siblings
+        if repo.hostile is not None:
+            info["siblings"] = repo.hostile.siblings
+            info["sha"] = repo.hostile.sha if repo.hostile.sha is not None else commit.sha
         if repo.card_data is not None:
             info["cardData"] = repo.card_data
         info["usedStorage"] = sum(f.size for f in commit.files.values())
@@ -437,6 +477,8 @@ class FakeHub:
                     f"Access to model {repo.id} is restricted. You must have access to it and be "
                     "authenticated to access it. Please log in.",
                 )
+        if repo.hostile is not None:
+            return await self._hostile(request, repo.hostile)
         rev = unquote(request.match_info["rev"])
         commit = repo.at(rev)
         if commit is None:
@@ -457,6 +499,30 @@ class FakeHub:
             headers["Content-Length"] = str(f.size)
             return web.Response(status=200, headers=headers)
         return await self._send(request, repo, path, f, headers)
+
+    async def _anything(self, request: web.Request) -> web.StreamResponse:
+        """A URL no route knows (a client normalized `..` out of it): a hostile repo's bytes, else 404."""
+        with self._lock:
+            self.requests.append((request.method, unquote(request.path), request.headers.get("Range")))
+        for repo in list(self.repos.values()):
+            if repo.hostile is not None and repo.hostile.body:
+                return await self._hostile(request, repo.hostile)
+        raise web.HTTPNotFound()  # what aiohttp answers without this route
+
+    async def _hostile(self, request: web.Request, hostile: Hostile) -> web.StreamResponse:
+        data = hostile.body
+        headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers["ETag"] = f'"{git_blob_oid(data)}"'
+        start, end, status = 0, len(data) - 1, 200
+        rng = request.headers.get("Range", "")
+        if rng.startswith("bytes=") and data:
+            first, _, last = rng[6:].partition("-")
+            start = int(first or 0)
+            end = min(int(last), len(data) - 1) if last else len(data) - 1
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+        body = b"" if request.method == "HEAD" else data[start : end + 1]
+        return web.Response(status=status, body=body, headers=headers)
 
     async def _send(
         self, request: web.Request, repo: FakeRepo, path: str, f: FakeFile, headers: dict[str, str]

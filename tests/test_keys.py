@@ -192,7 +192,8 @@ def test_admin_api_keys_and_require_api_key_on_loopback(tmp_path: Path) -> None:
         assert [k["name"] for k in listed["keys"]] == ["boot", "web"] and web not in json.dumps(listed)
         assert api.post("/api/keys", json={"name": "web"}, headers=admin).status_code == 409
         assert api.post("/api/keys", json={"nom": "x"}, headers=admin).status_code == 400
-        assert api.post("/api/keys", content=b"{", headers=admin).status_code == 400
+        as_json = {**admin, "Content-Type": "application/json"}  # the admin API reads JSON bodies only
+        assert api.post("/api/keys", content=b"{", headers=as_json).status_code == 400
 
         assert api.delete("/api/keys/web", headers=admin).json() == {"name": "web", "revoked": True}
         assert api.get("/v1/models", headers={"x-api-key": web}).status_code == 401

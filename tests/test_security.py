@@ -147,8 +147,12 @@ def test_disallowed_origin_gets_403_and_no_cors_headers(local: ServerProcess) ->
         assert pre.status_code in (403, 405) and cors_headers(pre) == [], origin
 
 
-def test_local_unlisted_origin_passes_without_cors_headers(local: ServerProcess) -> None:
+def test_only_the_servers_own_origin_passes_unlisted(local: ServerProcess) -> None:
+    """Another port on localhost is another program's page: refused like any foreign site."""
     r = req(local.url, Origin="http://localhost:3000")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+    own = local.url.replace("127.0.0.1", "localhost")
+    r = req(local.url, Origin=own)
     assert r.status_code == 200 and cors_headers(r) == []
 
 
@@ -210,7 +214,7 @@ def lan(
 ) -> Iterator[tuple[ServerProcess, str, str]]:
     ip = lan_ip()
     base = tmp_path_factory.mktemp("sec-lan")
-    key = make_home(base / "home", key="editor")
+    key = make_home(base / "home", {"allow_plain_lan": True}, key="editor")  # plain HTTP: test_harden_tls
     s = start(base / "home", link_models(base / "models", model_store / "tiny.gguf"), "--host", "0.0.0.0")
     port = s.url.rsplit(":", 1)[1]
     yield s, key, f"http://{ip}:{port}"
@@ -284,7 +288,7 @@ def test_admin_from_the_network_is_refused_even_with_a_key(lan: tuple[ServerProc
 
 def test_remote_admin_when_allowed_still_needs_a_key(tmp_path: Path) -> None:
     url_ip = lan_ip()
-    key = make_home(tmp_path / "home", {"allow_remote_admin": True}, key="ops")
+    key = make_home(tmp_path / "home", {"allow_remote_admin": True, "allow_plain_lan": True}, key="ops")
     s = start(tmp_path / "home", link_models(tmp_path / "models"), "--host", url_ip)
     try:
         assert req(s.url, "/api/lanes", Authorization=f"Bearer {key}").status_code == 200

@@ -82,6 +82,22 @@ class EngineCrashedError(SwitchyardError):
     source = "engine"
 
 
+class EngineUnresponsiveError(SwitchyardError):
+    """The engine stopped answering (no byte within `engine_read_timeout_s`, or its health route hung):
+    the lane is marked failed and restarted."""
+
+    status = 504
+    type = "engine_error"
+    code = "engine_unresponsive"
+    source = "engine"
+
+
+class UnsupportedMediaTypeError(SwitchyardError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
 class UpstreamRefusedError(SwitchyardError):
     """An engine or a remote answered an error status: its status, message, type and code are kept, and
     `source` says whose answer it was ("engine", "remote")."""
@@ -414,3 +430,15 @@ class EngineJobNotFoundError(SwitchyardError, LookupError):
     status = 404
     type = "invalid_request_error"
     code = "engine_job_not_found"
+
+
+class HubUnsafeAnswerError(HubError):
+    """The hub (or a mirror) named a file, commit or checksum that is not a safe path: nothing was written."""
+
+    code = "hub_unsafe_answer"
+
+
+class CachePathEscapeError(HubUnsafeAnswerError):
+    """A path in the Hugging Face cache resolves outside its repository's folder (a planted symlink)."""
+
+    code = "cache_path_escape"

@@ -1,19 +1,26 @@
-"""Per-model lane pins in `pins.json` in SWITCHYARD_HOME; a corrupt file is reported, never rewritten."""
+"""Per-model lane pins in `pins.json` in SWITCHYARD_HOME; a corrupt file is reported, never rewritten.
+
+Changed only under the file's lock (app/core/statefile.py), so concurrent pins from several processes are
+all kept."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+from typing import Any
 
+from app.core import statefile
 from app.core.errors import SettingsError
 
 
 def load_pins(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
+    text = statefile.read_text(path)
+    return {} if text is None else _parse(path, text)
+
+
+def _parse(path: Path, text: str) -> dict[str, str]:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SettingsError(
             f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); fix or remove it"
@@ -25,7 +32,30 @@ def load_pins(path: Path) -> dict[str, str]:
     return raw
 
 
+def _dump(pins: dict[str, str]) -> str:
+    return json.dumps(pins, indent=2, sort_keys=True)
+
+
+def set_pin(path: Path, model_id: str, lane: str | None) -> str | None:
+    """Pin `model_id` to `lane` (None: unpin) and return its previous lane. A locked read-modify-write, so
+    pins set at the same time by the CLI and the window are all kept."""
+    before: list[str | None] = []
+
+    def change(pins: dict[str, str] | None) -> Any:
+        pins = dict(pins or {})
+        before.append(pins.get(model_id))
+        if lane is None and before[0] is None:
+            return statefile.KEEP
+        if lane is None:
+            pins.pop(model_id)
+        else:
+            pins[model_id] = lane
+        return pins
+
+    statefile.update(path, change, parse=lambda text: _parse(path, text), dump=_dump)
+    return before[0]
+
+
 def save_pins(path: Path, pins: dict[str, str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(pins, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)  # atomic: a crash never leaves half a file
+    """Replace every pin with `pins` (durably, under the file's lock); prefer `set_pin` to change one."""
+    statefile.update(path, lambda _old: dict(pins), parse=str, dump=_dump)

@@ -3,7 +3,9 @@
 `keys.json` (mode 0600) in SWITCHYARD_HOME holds, per key: its client name, a short id, when it was made,
 its last 4 characters and the scrypt hash with salt and parameters. The server verifies a presented key
 against that file alone, so it never needs the keyring. The keyring copy (service "switchyard", user = the
-key's name) is there so the user can read the secret back later.
+key's name) is there so the user can read the secret back later. Every change of `keys.json` is a locked
+read-modify-write (app/core/statefile.py), so creates and revokes from the server, the CLI and the window,
+at once, lose nothing; a new key is handed out only after it is durably on disk.
 
 Where no keyring backend exists (headless Linux without a D-Bus session), creating a key still works: the
 secret is shown once and kept nowhere, and the hash on disk still verifies it.
@@ -18,11 +20,14 @@ import os
 import re
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.core import statefile
 from app.core.errors import BadRequestError, KeyExistsError, KeyNotFoundError, SettingsError
 from app.core.paths import Paths
 
@@ -33,6 +38,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # 16 MiB and about 50 ms per hash: verified keys are remembered for the process, so clients pay it once
 SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _CACHE_MAX = 1024
+_RACY_NS = 2_000_000_000  # coarser than any file system's mtime tick (FAT: 2 s)
 
 
 class Secret:
@@ -135,6 +141,8 @@ class KeyStore:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._records: list[dict[str, Any]] = []
+        self._raw: str | None = None  # the text `_records` was parsed from
+        self._read_at_ns = 0  # when the file was last read (time.time_ns)
         self._verified: dict[bytes, str] = {}  # sha256 of a key already checked -> its record id
 
     @classmethod
@@ -147,19 +155,26 @@ class KeyStore:
             try:
                 st = self.path.stat()
             except FileNotFoundError:
-                self._stamp, self._records = None, []
+                self._stamp, self._records, self._raw = None, [], None
                 self._verified.clear()
                 return []
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-            if stamp != self._stamp:
-                self._records = self._parse()
+            # a change within the file system's timestamp tick can keep size, mtime and (reused) inode:
+            # while the file is that fresh, compare its text too ("racy git")
+            racy = st.st_mtime_ns >= self._read_at_ns - _RACY_NS
+            if stamp != self._stamp or racy:
+                self._read_at_ns = time.time_ns()
+                text = statefile.read_text(self.path) or ""
+                if text != self._raw:
+                    self._records = self._parse(text)
+                    self._raw = text
+                    self._verified.clear()
                 self._stamp = stamp
-                self._verified.clear()
             return self._records
 
-    def _parse(self) -> list[dict[str, Any]]:
+    def _parse(self, text: str) -> list[dict[str, Any]]:
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            raw = json.loads(text)
             records = raw["keys"]
             for r in records:
                 for field in ("name", "id", "created", "last4", "salt", "hash"):
@@ -210,59 +225,83 @@ class KeyStore:
 
     # ---- changing ------------------------------------------------------------------------------------
     def create(self, name: str) -> CreatedKey:
+        """Make a key named `name`. It is returned (to be shown) only once it is durably in keys.json,
+        and the name check runs under the file's lock, so concurrent creates and revokes lose nothing."""
         check_name(name)
-        records = list(self._current())
-        if any(r["name"] == name for r in records):
-            raise KeyExistsError(
-                f"a key named {name!r} already exists; revoke it first (`switchyard keys revoke {name}`) "
-                "or choose another name"
-            )
-        taken = {r["id"] for r in records}
+        while True:
+            made = self._create_once(name)
+            if made is not None:
+                return made
+
+    def _create_once(self, name: str) -> CreatedKey | None:
+        """None when the random id collided with a stored one (one chance in 4 billion): draw again."""
         kid = secrets.token_hex(ID_LEN // 2)
-        while kid in taken:
-            kid = secrets.token_hex(ID_LEN // 2)
         secret = Secret(f"{PREFIX}{kid}-{secrets.token_urlsafe(32)}")
         salt = os.urandom(16)
-        problem = keyring_store(name, secret)
-        rec = {
-            "name": name,
-            "id": kid,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "last4": secret.reveal()[-4:],
-            "in_keyring": problem is None,
-            "salt": salt.hex(),
-            "scrypt": dict(SCRYPT),
-            "hash": _digest(secret.reveal(), salt, SCRYPT).hex(),
-        }
+        digest = _digest(secret.reveal(), salt, SCRYPT).hex()  # ~50 ms: outside the lock
+        made: dict[str, Any] = {}
+
+        def add(records: list[dict[str, Any]] | None) -> Any:
+            records = records or []
+            if any(r["name"] == name for r in records):
+                raise KeyExistsError(
+                    f"a key named {name!r} already exists; revoke it first "
+                    f"(`switchyard keys revoke {name}`) or choose another name"
+                )
+            if any(r["id"] == kid for r in records):
+                return statefile.KEEP
+            made["problem"] = problem = keyring_store(name, secret)
+            made["rec"] = rec = {
+                "name": name,
+                "id": kid,
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "last4": secret.reveal()[-4:],
+                "in_keyring": problem is None,
+                "salt": salt.hex(),
+                "scrypt": dict(SCRYPT),
+                "hash": digest,
+            }
+            return [*records, rec]
+
         try:
-            self._write([*records, rec])
+            self._update(add)
         except BaseException:
-            if problem is None:
+            if made.get("problem", "") is None:  # in the keyring but not on disk: undo that
                 keyring_delete(name)
             raise
-        return CreatedKey(info=_info(rec), secret=secret, keyring_problem=problem)
+        if not made:
+            return None
+        return CreatedKey(info=_info(made["rec"]), secret=secret, keyring_problem=made["problem"])
 
     def revoke(self, name: str) -> KeyInfo:
-        records = list(self._current())
-        gone = next((r for r in records if r["name"] == name), None)
-        if gone is None:
-            known = ", ".join(r["name"] for r in records) or "none"
-            raise KeyNotFoundError(f"no key named {name!r} (keys: {known}); see `switchyard keys list`")
-        self._write([r for r in records if r is not gone])
-        keyring_delete(name)
-        return _info(gone)
+        """Delete key `name` from keys.json (under its lock, durably), then from the keyring."""
+        gone: list[dict[str, Any]] = []
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": 1, "keys": records}, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to a leftover file
-        os.replace(tmp, self.path)
+        def drop(records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+            records = records or []
+            gone.extend(r for r in records if r["name"] == name)
+            if not gone:
+                known = ", ".join(r["name"] for r in records) or "none"
+                raise KeyNotFoundError(f"no key named {name!r} (keys: {known}); see `switchyard keys list`")
+            return [r for r in records if r["name"] != name]
+
+        self._update(drop)
+        keyring_delete(name)
+        return _info(gone[0])
+
+    def _update(self, change: Callable[[list[dict[str, Any]] | None], Any]) -> None:
+        try:
+            statefile.update(
+                self.path,
+                change,
+                parse=self._parse,
+                dump=lambda records: statefile.dump_json({"version": 1, "keys": records}),
+                mode=0o600,
+            )
+        finally:
+            with self._lock:  # re-read at the next use, whoever wrote last
+                self._stamp = None
+                self._verified.clear()
 
 
 # ---- the system keyring (best effort: a key works without it) ------------------------------------------

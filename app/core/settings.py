@@ -84,6 +84,21 @@ class Settings:
     sd_extra_args: str = ""
     # remote lanes (docs/engines.md#remote-lanes): seconds between health checks of each remote
     remote_check_s: float = 30.0
+    # hung engines (docs/security.md#engines): a lane whose engine sends no byte for this long on a
+    # request is marked failed and restarted; long enough for a slow prompt to be read
+    engine_read_timeout_s: float = 300.0
+    # seconds between liveness checks of a ready engine's health route, and how long one may take
+    engine_liveness_s: float = 10.0
+    engine_liveness_timeout_s: float = 30.0
+    # engines start from an allow-list of environment variables; extra names to pass through, and
+    # extra variables per engine kind ({"llama.cpp": {"NAME": "value"}})
+    engine_env_pass: tuple[str, ...] = ()
+    engine_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # TLS (docs/security.md#tls): certificate and key files; None: a self-signed pair under the data dir
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # a non-loopback bind needs TLS unless this is set
+    allow_plain_lan: bool = False
 
     def __post_init__(self) -> None:
         self._check()
@@ -125,8 +140,17 @@ class Settings:
                 raise SettingsError(f"{name} must be an http:// or https:// URL, got {value!r}")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
-        if self.remote_check_s <= 0:
-            raise SettingsError("remote_check_s must be a positive number of seconds")
+        for name in (
+            "remote_check_s",
+            "engine_read_timeout_s",
+            "engine_liveness_s",
+            "engine_liveness_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be a positive number of seconds")
+        for kind, extra in self.engine_env.items():
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+                raise SettingsError(f"engine_env[{kind!r}] must map variable names to string values")
         _check_security(self.allowed_hosts, self.cors_origins)
         for model, over in self.model_overrides.items():
             bad = sorted(set(over) - set(OVERRIDE_KEYS))
@@ -208,16 +232,21 @@ def load_settings(path: Path) -> Settings:
     """Read `path` if it exists; unknown keys and wrong types are errors that name the key."""
     if not path.exists():
         return Settings()
+    return settings_from_mapping(settings_document(path, path.read_text(encoding="utf-8")), origin=str(path))
+
+
+def settings_document(path: Path, text: str) -> dict[str, Any]:
+    """The JSON object in settings file `path` (its `text`); anything else is an error that leaves it be."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SettingsError(
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "fix or remove the file — it was left untouched"
         ) from exc
     if not isinstance(raw, dict):
-        raise SettingsError(f"{path} must hold a JSON object of settings")
-    return settings_from_mapping(raw, origin=str(path))
+        raise SettingsError(f"{path} must hold a JSON object of settings; fix it — it was left untouched")
+    return raw
 
 
 def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> Settings:
@@ -234,7 +263,11 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: model_overrides must map model ids to objects")
             values[key] = value
-        elif key in ("allowed_hosts", "cors_origins"):
+        elif key == "engine_env":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise SettingsError(f"{origin}: engine_env must map engine kinds to objects of variables")
+            values[key] = value
+        elif key in ("allowed_hosts", "cors_origins", "engine_env_pass"):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SettingsError(f"{origin}: {key} must be a list of strings")
             values[key] = tuple(value)
@@ -245,6 +278,8 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             "hf_endpoint",
             "hf_proxy",
             "hf_cache_dir",
+            "tls_cert",
+            "tls_key",
         ):
             if value is not None and not isinstance(value, str):
                 raise SettingsError(f"{origin}: {key} must be a string or null")

@@ -15,7 +15,7 @@ from typing import Any
 from huggingface_hub import HfApi, ModelInfo
 
 from app.core.errors import BadRequestError, HubAuthError, HubGatedError
-from app.hub import client
+from app.hub import client, safe_names
 from app.hub.config import HubConfig
 from app.hub.errors import hub_errors
 from app.hub.quant import GGUFGroups, RepoFile, group_gguf_files
@@ -43,17 +43,22 @@ MAX_PAGES = 100  # page K asks the hub for K * size results; deeper pages need a
 CARD_LIMIT = 512 * 1024
 _FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n.*?\r?\n---[ \t]*(\r?\n|\Z)", re.DOTALL)
 _LICENSE_LINE = re.compile(r"^license:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_LISTED_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?")
+check_repo_id = safe_names.check_repo_id
 
 
-def check_repo_id(repo: str) -> str:
-    if not _REPO_ID.fullmatch(repo) or ".." in repo:
-        raise BadRequestError(
-            f"{repo!r} is not a Hugging Face repository id; use owner/name, "
-            "e.g. Qwen/Qwen2.5-0.5B-Instruct-GGUF",
-            param="repo",
-        )
-    return repo
+def _listed(repo_id: object) -> bool:
+    """A search hit's id is shown and offered for a pull: a hostile one (control characters, `..`) is
+    left out. Legacy ids without an owner (`gpt2`) stay."""
+    return isinstance(repo_id, str) and bool(_LISTED_ID.fullmatch(repo_id)) and ".." not in repo_id
+
+
+def _repo_file(repo: str, sibling: Any) -> RepoFile:
+    """One file of a detail answer, its name and sha256 checked (they become local names later)."""
+    path = safe_names.check_file_name(repo, sibling.rfilename)
+    lfs = sibling.lfs
+    sha256 = safe_names.check_sha256(repo, lfs.sha256, path=path) if lfs is not None else None
+    return RepoFile(path, sibling.size, sha256)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -268,6 +273,7 @@ class HubClient:
                 private=m.private,
             )
             for m in window[: q.size]
+            if _listed(m.id)
         ]
         more = len(window) > q.size and q.page < MAX_PAGES
         return SearchPage(q, hits, q.page + 1 if more else None)
@@ -279,13 +285,10 @@ class HubClient:
             info = self.api.model_info(
                 repo, revision=revision, files_metadata=True, token=client.token_arg(self.config)
             )
-        files = [
-            RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs is not None else None)
-            for s in info.siblings or []
-        ]
+        files = [_repo_file(repo, s) for s in info.siblings or []]
         detail = ModelDetail(
-            id=info.id,
-            commit=info.sha or (revision or "main"),
+            id=safe_names.check_answered_repo(repo, info.id),
+            commit=safe_names.check_commit(repo, info.sha) if info.sha else (revision or "main"),
             author=info.author or info.id.split("/", 1)[0],
             gated=info.gated,
             private=info.private,

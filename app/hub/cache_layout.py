@@ -6,6 +6,9 @@
     snapshots/<commit>/<path>              relative symlink to ../../blobs/<key> (a copy without symlinks)
     refs/main                              the commit `main` points at
     refs/switchyard-previous               the commit before the last `switchyard update`
+
+Every part of a path built here is checked by app.hub.safe_names (a hub's answer is not trusted to name
+files), and every write or link is checked to resolve inside the repository's folder.
 """
 
 from __future__ import annotations
@@ -17,28 +20,43 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from app.hub import safe_names
+
 PREVIOUS_REF = "switchyard-previous"
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_SHA1 = re.compile(r"[0-9a-f]{40}")
 
 
 def repo_folder(cache_dir: Path, repo_id: str, *, repo_type: str = "model") -> Path:
+    safe_names.check_repo_id(repo_id)
     return cache_dir / f"{repo_type}s--{repo_id.replace('/', '--')}"
 
 
+def repo_of(repo_dir: Path) -> str:
+    """The repository id a cache folder is for (`models--org--name` -> `org/name`), for messages."""
+    return repo_dir.name.split("--", 1)[-1].replace("--", "/")
+
+
 def blob_path(repo_dir: Path, key: str) -> Path:
-    return repo_dir / "blobs" / key
+    return repo_dir / "blobs" / safe_names.check_blob_key(repo_of(repo_dir), key)
 
 
 def partial_dir(repo_dir: Path, key: str) -> Path:
-    return repo_dir / "blobs" / f"{key}.incomplete.d"
+    return repo_dir / "blobs" / f"{safe_names.check_blob_key(repo_of(repo_dir), key)}.incomplete.d"
 
 
 def snapshot_path(repo_dir: Path, commit: str, path: str) -> Path:
-    return repo_dir / "snapshots" / commit / path
+    repo = repo_of(repo_dir)
+    commit = safe_names.check_commit(repo, commit)
+    return repo_dir / "snapshots" / commit / safe_names.check_file_name(repo, path)
+
+
+def inside_repo(repo_dir: Path, target: Path) -> Path:
+    """`target` once checked to resolve inside `repo_dir` (CachePathEscapeError otherwise)."""
+    return safe_names.inside(repo_dir, target, repo=repo_of(repo_dir))
 
 
 def is_commit(revision: str) -> bool:
-    return bool(_SHA1.match(revision))
+    return bool(_SHA1.fullmatch(revision))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -61,8 +79,10 @@ def write_atomic(path: Path, text: str) -> None:
 def link_snapshot(repo_dir: Path, commit: str, path: str, key: str) -> Path:
     """Make `snapshots/<commit>/<path>` point at the blob; a relative symlink, else a copy."""
     dest = snapshot_path(repo_dir, commit, path)
-    blob = blob_path(repo_dir, key)
+    blob = inside_repo(repo_dir, blob_path(repo_dir, key))
+    inside_repo(repo_dir, dest.parent)  # before mkdir: a planted symlink must not take it elsewhere
     dest.parent.mkdir(parents=True, exist_ok=True)
+    inside_repo(repo_dir, dest.parent)  # and after: a link swapped in meanwhile
     rel = os.path.relpath(blob, dest.parent)
     tmp = dest.with_name(f".{dest.name}.link")
     with contextlib.suppress(FileNotFoundError):
@@ -76,19 +96,25 @@ def link_snapshot(repo_dir: Path, commit: str, path: str, key: str) -> Path:
 
 
 def read_ref(repo_dir: Path, name: str) -> str | None:
+    """The commit a ref names; None when absent, unreadable, or not a commit (never a path to follow)."""
+    safe_names.check_revision(name)
     try:
         value = (repo_dir / "refs" / name).read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
-    return value or None
+    return value if is_commit(value) else None
 
 
 def write_ref(repo_dir: Path, name: str, commit: str) -> None:
-    write_atomic(repo_dir / "refs" / name, commit)
+    safe_names.check_revision(name)
+    safe_names.check_commit(repo_of(repo_dir), commit)
+    write_atomic(inside_repo(repo_dir, repo_dir / "refs" / name), commit)
 
 
 def snapshot_files(repo_dir: Path, commit: str) -> list[str]:
     """The repository paths present in one snapshot (POSIX separators)."""
+    if not is_commit(commit):
+        return []
     root = repo_dir / "snapshots" / commit
     if not root.is_dir():
         return []

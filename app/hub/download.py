@@ -13,7 +13,6 @@ received since the previous progress event of that job), paused, resumed, comple
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -29,6 +28,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from app.core import statefile
 from app.core.errors import (
     BadRequestError,
     DiskFullError,
@@ -40,7 +40,7 @@ from app.core.errors import (
 from app.core.events import EventBus
 from app.core.secrets import Secret
 from app.core.settings import Settings
-from app.hub import cache_layout
+from app.hub import cache_layout, safe_names
 from app.hub.client import explicit_proxy, offline_error
 from app.hub.config import HubConfig, hub_config
 from app.hub.selection import RepoCommit, fetch_commit, select
@@ -176,6 +176,7 @@ class DownloadManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(settings.download_concurrency)
         self._session: aiohttp.ClientSession | None = None
+        self._persisted: set[str] = set()  # ids of the jobs whose state file this manager read or wrote
 
     def config(self) -> HubConfig:
         return hub_config(self.settings, token=self.token())
@@ -191,6 +192,7 @@ class DownloadManager:
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a half-written file cannot happen (atomic writes); a foreign one is skipped
             self.jobs[job.id] = job
+            self._persisted.add(job.id)
             job.bytes_done = self._have(job)
         if self.resume_on_start and not self.config().offline:
             for job in self.jobs.values():
@@ -228,11 +230,10 @@ class DownloadManager:
     ) -> Job:
         """Resolve `repo[:quant|:file]` on the hub and queue it; an unfinished job for the same files
         is resumed instead of doubled."""
-        if "/" not in repo.strip("/"):
-            raise BadRequestError(f"{repo!r} is not a repository id; use owner/name", param="repo")
+        safe_names.check_repo_id(repo)
         if quant and file:
             raise BadRequestError("give either a quantization or a file, not both", param="quant")
-        revision = revision or "main"
+        revision = safe_names.check_revision(revision or "main")
         rc = await asyncio.to_thread(fetch_commit, self.config(), repo, revision)
         files = select(rc, file or quant)
         if file and [f.path for f in files] != [file]:
@@ -316,11 +317,26 @@ class DownloadManager:
     # --- internals --------------------------------------------------------------------------------
 
     def _save(self, job: Job) -> None:
-        cache_layout.write_atomic(self.state_dir / f"{job.id}.json", json.dumps(job.persisted()))
+        """Write the job's state durably, under the jobs' lock (another process may share state_dir)."""
+        ours = job.id in self._persisted
+
+        def change(on_disk: str | None) -> Any:
+            # a file we read or wrote that is gone now: another process finished or cancelled the job,
+            # and a stale copy of it must not come back
+            return statefile.KEEP if on_disk is None and ours else job.persisted()
+
+        statefile.update(self._job_file(job), change, parse=str, dump=json.dumps, lock_of=self._jobs_lock())
+        self._persisted.add(job.id)
 
     def _forget(self, job: Job) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.state_dir / f"{job.id}.json").unlink()
+        with statefile.locked(self._jobs_lock()):
+            statefile.remove(self._job_file(job))
+
+    def _job_file(self, job: Job) -> Path:
+        return self.state_dir / f"{job.id}.json"
+
+    def _jobs_lock(self) -> Path:
+        return self.state_dir / "jobs"  # one lock for the folder: no lock file left behind per job
 
     def _stop(self, job: Job, state: str) -> None:
         job.state = state
@@ -334,9 +350,16 @@ class DownloadManager:
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"download-{job.id}")
 
     def _have(self, job: Job) -> int:
-        repo_dir = cache_layout.repo_folder(self.config().cache_dir, job.repo)
+        try:
+            repo_dir = cache_layout.repo_folder(self.config().cache_dir, job.repo)
+        except SwitchyardError:
+            return 0  # an unsafe id (a tampered job file): the job fails with the reason when it runs
         for f in job.files:
-            blob = cache_layout.blob_path(repo_dir, f.key)
+            try:
+                blob = cache_layout.blob_path(repo_dir, f.key)
+            except SwitchyardError:
+                job.per_file[f.path] = 0
+                continue
             job.per_file[f.path] = f.size if blob.exists() else partial_bytes(repo_dir, f)
         return sum(job.per_file.values())
 
@@ -469,7 +492,7 @@ class DownloadManager:
         already current). Blobs that did not change are linked, not fetched; refs move at the end."""
         config = self.config()
         repo_dir = cache_layout.repo_folder(config.cache_dir, repo)
-        old = cache_layout.read_ref(repo_dir, revision)
+        old = cache_layout.read_ref(repo_dir, safe_names.check_revision(revision))
         if old is None:
             raise HubFileNotFoundError(
                 f"{repo} has not been pulled into {config.cache_dir} (no refs/{revision}); "

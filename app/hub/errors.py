@@ -20,6 +20,7 @@ from app.core.errors import (
     HubOfflineError,
     HubRepoNotFoundError,
     HubUnreachableError,
+    HubUnsafeAnswerError,
     SwitchyardError,
 )
 from app.hub.config import HubConfig
@@ -133,3 +134,9 @@ def hub_errors(config: HubConfig, *, repo: str | None = None, path: str | None =
         raise translate(exc, config, repo=repo, path=path) from None
     except (httpx2.HTTPError, ConnectionError, TimeoutError) as exc:
         raise translate(exc, config, repo=repo, path=path) from None
+    except (KeyError, TypeError, AttributeError) as exc:  # huggingface_hub parsing a malformed answer
+        raise HubUnsafeAnswerError(
+            f"the hub's answer for {repo or 'the request'} is malformed ({type(exc).__name__}: "
+            f"{str(exc)[:80]}), so nothing was written; check the `hf_endpoint` setting (HF_ENDPOINT) "
+            "and try again later"
+        ) from None

@@ -28,7 +28,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 from app.core.errors import HubFileNotFoundError, RemoteHeaderError
 from app.formats.gguf_header import NeedMore, header_end
 from app.formats.gguf_meta import GGUFProblem
-from app.hub import client
+from app.hub import client, safe_names
 from app.hub.config import HubConfig
 from app.hub.errors import hub_errors
 
@@ -250,8 +250,10 @@ def _safetensors_needs(data: bytes) -> int | NeedMore | GGUFProblem:
 
 def sparse_copy(folder: Path, name: str, header: bytes, size: int) -> Path:
     """A local stand-in for a remote file: its header bytes, then zeros up to its real size. The file is
-    sparse (the zeros take no disk on Linux and macOS), so the local GGUF readers see the real layout."""
-    path = folder / name
+    sparse (the zeros take no disk on Linux and macOS), so the local GGUF readers see the real layout.
+    `name` comes from the hub: it must be one safe file name, and the file stays inside `folder`."""
+    safe_names.check_file_part("a remote header read", name)
+    path = safe_names.inside(folder, folder / name, repo="a remote header read")
     with path.open("wb") as f:
         f.write(header)
         f.truncate(max(size, len(header)))

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from huggingface_hub import HfApi
 
-from app.core.errors import BadRequestError, HubFileNotFoundError
+from app.core.errors import BadRequestError, HubFileNotFoundError, HubUnsafeAnswerError
+from app.hub import safe_names
 from app.hub.client import prepare, token_arg
 from app.hub.config import HubConfig
 from app.hub.errors import hub_errors
@@ -26,21 +27,42 @@ class RepoCommit:
 
 
 def fetch_commit(config: HubConfig, repo: str, revision: str = "main") -> RepoCommit:
-    """The files of `repo` at `revision` with sizes and checksums (blocking: run it in a thread)."""
+    """The files of `repo` at `revision` with sizes and checksums (blocking: run it in a thread). Every
+    name and checksum the hub answers is checked before it can become a path (HubUnsafeAnswerError)."""
+    safe_names.check_repo_id(repo)
+    safe_names.check_revision(revision)
     prepare(config, repo)
     with hub_errors(config, repo=repo):
         info = HfApi(endpoint=config.endpoint, token=token_arg(config)).model_info(
             repo, revision=revision, files_metadata=True
         )
-    files: dict[str, FileSpec] = {}
-    for s in info.siblings or []:
-        lfs = s.lfs
-        sha256 = lfs.sha256 if lfs is not None else None
-        size = lfs.size if lfs is not None else s.size
-        files[s.rfilename] = FileSpec(path=s.rfilename, size=int(size or 0), sha256=sha256, oid=s.blob_id)
     if not info.sha:
         raise HubFileNotFoundError(f"the hub gave no commit for {repo}@{revision}; try again")
-    return RepoCommit(repo=repo, commit=info.sha, files=files)
+    commit = safe_names.check_commit(repo, info.sha)
+    files: dict[str, FileSpec] = {}
+    for s in info.siblings or []:
+        spec = _file_spec(repo, s.rfilename, s.size, s.lfs, s.blob_id)
+        files[spec.path] = spec
+    return RepoCommit(repo=repo, commit=commit, files=files)
+
+
+def _file_spec(repo: str, name: object, size: object, lfs: object, oid: object) -> FileSpec:
+    """One sibling of the hub's answer, every value checked."""
+    path = safe_names.check_file_name(repo, name)
+    sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+    if lfs is not None:
+        sha256 = safe_names.check_sha256(repo, sha256, path=path)
+        size = getattr(lfs, "size", None)
+    if oid is not None:
+        oid = safe_names.check_oid(repo, oid, path=path)
+    if size is None:
+        size = 0
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise HubUnsafeAnswerError(
+            f"the hub answered an impossible size {safe_names.shown(size)} for {path} in {repo}, so nothing "
+            "was written; check the `hf_endpoint` setting (HF_ENDPOINT) and try again later"
+        )
+    return FileSpec(path=path, size=size, sha256=sha256, oid=oid if isinstance(oid, str) else None)
 
 
 def _projector(projectors: list[RepoFile], quant: str | None) -> RepoFile | None:

@@ -179,7 +179,9 @@ class Transfer:
         cache_layout.write_atomic(self.dir / "state.json", json.dumps(doc))
 
     def _open(self) -> None:
+        cache_layout.inside_repo(self.repo_dir, self.dir)  # a planted symlink must not take the bytes away
         self.dir.mkdir(parents=True, exist_ok=True)
+        cache_layout.inside_repo(self.repo_dir, self.dir)
         binary = getattr(os, "O_BINARY", 0)  # Windows would otherwise translate newlines
         self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | binary, 0o644)
         if fcntl is not None:
@@ -347,23 +349,24 @@ class Transfer:
                 f"{self.what} is corrupt: expected {kind} {expected}, got {got}. The bad bytes were deleted; "
                 "retry the pull"
             )
-        os.replace(self.dir / "data", self.blob)
+        os.replace(self.dir / "data", cache_layout.inside_repo(self.repo_dir, self.blob))
         self._close()
         shutil.rmtree(self.dir, ignore_errors=True)
         return self.blob
 
 
 def remove_partial(repo_dir: Path, spec: FileSpec) -> None:
-    """Delete a file's partial bytes (cancel)."""
-    shutil.rmtree(cache_layout.partial_dir(repo_dir, spec.key), ignore_errors=True)
+    """Delete a file's partial bytes (cancel); a spec with an unsafe checksum never had any."""
+    with contextlib.suppress(SwitchyardError):
+        shutil.rmtree(cache_layout.partial_dir(repo_dir, spec.key), ignore_errors=True)
 
 
 def partial_bytes(repo_dir: Path, spec: FileSpec) -> int:
-    """Bytes already written for `spec` by an earlier run (0 when none or unreadable)."""
+    """Bytes already written for `spec` by an earlier run (0 when none, unreadable, or unsafe)."""
     try:
         st = json.loads((cache_layout.partial_dir(repo_dir, spec.key) / "state.json").read_text())
         if st.get("size") != spec.size:
             return 0
         return sum(int(p[2]) for p in st["parts"])
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, SwitchyardError):
         return 0

@@ -25,7 +25,7 @@ from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo, Hardware
 from app.lanes.kind import engine_process_env, engine_python, find_binary, module_install
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 from app.routing.traits import CUDA_MIN_CC
@@ -120,7 +120,7 @@ def cuda_plan(
         head += ["--served-model-name", model_id]
     argv = [*module_argv("app.lanes.guard"), str(ppid), "--", *head]
     argv += ["--host", "127.0.0.1", "--port", str(port), *share.argv, *extra]
-    env = engine_env()
+    env = settings_env(settings, kind=engine)
     # NVML's order is PCI order; make CUDA count the same way so the indexes we plan on are the ones used
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in group)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.core import statefile
 
 _LINE = re.compile(
     r"(?P<device>[A-Za-z0-9_]+)\s+(?P<what>model|KV|compute|output|RS)\s+buffer size"
@@ -95,14 +96,23 @@ class FootprintStore:
 
     def _load(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            return data if isinstance(data, dict) else {}
+            return self._parse(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                self.path.rename(self.path.with_suffix(f".corrupt-{int(time.time())}"))
-            return {}
+        except OSError:
+            return self._set_aside()
+
+    def _parse(self, text: str) -> dict[str, Any]:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return self._set_aside()
+        return data if isinstance(data, dict) else {}
+
+    def _set_aside(self) -> dict[str, Any]:
+        with contextlib.suppress(OSError):
+            self.path.rename(self.path.with_suffix(f".corrupt-{int(time.time())}"))
+        return {}
 
     def record(self, lane: Any) -> None:
         """Called when a lane is ready: store its plan's prediction beside llama.cpp's own figures."""
@@ -110,8 +120,7 @@ class FootprintStore:
             return
         path = Path(lane.plan.params.model_path)
         st = path.stat()
-        data = self._load()
-        data[lane.model_id] = {
+        entry = {
             "file": str(path),
             "size": st.st_size,
             "mtime_ns": st.st_mtime_ns,
@@ -120,9 +129,12 @@ class FootprintStore:
             "predicted": lane.plan.predicted(),
             "measured": lane.measured.public(),
         }
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.path)
+
+        def change(data: dict[str, Any] | None) -> dict[str, Any]:
+            return {**(data or {}), lane.model_id: entry}
+
+        # locked: a desktop and a headless server on one data dir each keep their own lanes' figures
+        statefile.update(self.path, change, parse=self._parse, dump=lambda d: json.dumps(d, indent=1))
 
     def get(self, model_id: str, *, path: Path) -> dict[str, Any] | None:
         entry = self._load().get(model_id)

@@ -3,6 +3,12 @@
 States: stopped -> starting -> ready -> stopping -> stopped, and failed (from starting or
 ready). Only the owner task (`_run`) assigns `state`; every change is published once as a
 `lane.state` event. Callers ask `ensure_ready()` and `stop()`; the owner decides.
+
+A ready engine that stops answering (SIGSTOP, a deadlock) is found two ways: a request that receives no
+byte for `engine_read_timeout_s` while no other request makes progress (`guard`), and a periodic check of
+its health route that times out while no request makes progress (a busy llama.cpp may answer /health
+late while it streams). Either reports to the owner, which kills the engine, fails the lane (ready ->
+failed) and starts it again; the requests on it get EngineUnresponsiveError (504).
 """
 
 from __future__ import annotations
@@ -12,14 +18,19 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import psutil
 
-from app.core.errors import EngineCrashedError, EngineStartError, SwitchyardError
+from app.core.errors import (
+    EngineCrashedError,
+    EngineStartError,
+    EngineUnresponsiveError,
+    SwitchyardError,
+)
 from app.core.events import EventBus
 from app.core.settings import Settings
 from app.lanes.footprint import Footprint, parse_footprint
@@ -29,6 +40,9 @@ from app.lanes.target import refusal_error
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
+# a request whose connection broke this soon after its engine was killed as unresponsive is told so
+HUNG_WINDOW_S = 10.0
+T = TypeVar("T")
 
 
 class LaneState(StrEnum):
@@ -37,6 +51,16 @@ class LaneState(StrEnum):
     READY = "ready"
     STOPPING = "stopping"
     FAILED = "failed"
+
+
+class Progress:
+    """When a byte last came from the engine on any of its requests (time.monotonic()). A plain attribute:
+    the byte relay sets it from its socket callback, once per read."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
 
 
 def lane_slug(model_id: str) -> str:
@@ -87,6 +111,9 @@ class Lane:
         self._vision: tuple[int | None, bool] | None = None  # (engine pid, has a projector), from /props
         self._startup: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._liveness: asyncio.Task[None] | None = None
+        self.progress = Progress()
+        self._hung: tuple[float, str] | None = None  # (when, the error's message) of the last hang
         self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._owner = asyncio.create_task(self._run(), name=f"lane:{model_id}")
 
@@ -110,8 +137,64 @@ class Lane:
         return {}
 
     def broken(self, exc: BaseException | None = None) -> SwitchyardError:
-        """The error for a request whose connection to the engine broke (`exc`: how it broke)."""
+        """The error for a request whose connection to the engine broke (`exc`: how it broke); broken
+        because its engine was just killed as unresponsive, that error (504)."""
+        if self._hung is not None and time.monotonic() - self._hung[0] < HUNG_WINDOW_S:
+            return EngineUnresponsiveError(self._hung[1])
         return crashed_error(self)
+
+    # ---- hung engines ----------------------------------------------------------------------------
+    async def guard(self, aw: Awaitable[T], *, since: float) -> T:
+        """`aw`'s result, unless nothing comes from the engine, on this request or any other, for
+        engine_read_timeout_s counted from `since` (this request's last byte): then the engine is reported
+        unresponsive (killed and restarted by the owner) and EngineUnresponsiveError raised. A client that
+        goes away cancels `aw` as usual: its connection is closed.
+
+        One timer per wait, re-armed while other requests make progress, and no task: this runs once per
+        event read from the engine."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        limit = self.settings.engine_read_timeout_s
+        hung: list[EngineUnresponsiveError] = []
+        timers: list[asyncio.TimerHandle] = []
+
+        def check() -> None:
+            left = max(self.progress.at, since) + limit - time.monotonic()
+            if left > 0:
+                timers[0] = loop.call_later(left, check)
+                return
+            hung.append(
+                self.unresponsive(
+                    f"sent nothing for {limit:g} s (engine_read_timeout_s); raise engine_read_timeout_s "
+                    "if its prompts take longer than that to read"
+                )
+            )
+            task.cancel()
+
+        timers.append(loop.call_later(max(self.progress.at, since) + limit - time.monotonic(), check))
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            if hung:
+                task.uncancel()
+                raise hung[0] from None
+            raise
+        finally:
+            timers[0].cancel()
+        self.progress.at = time.monotonic()
+        return result
+
+    def unresponsive(self, why: str) -> EngineUnresponsiveError:
+        """Report the running engine as hung (`why`: what it failed to do); the owner kills it, fails the
+        lane and restarts it, once however many requests report it. Returns the requests' error."""
+        message = (
+            f"the engine for {self.model_id!r} stopped answering: it {why}; it was stopped and is being "
+            "restarted, retry the request"
+        )
+        if self.proc is not None and self.state is LaneState.READY:
+            self._inbox.put_nowait(("hung", (self.proc, message)))
+        return EngineUnresponsiveError(message)
 
     def refused(self, status: int, data: bytes) -> SwitchyardError:
         """The engine's error answer as our error (its status, message, type and code kept)."""
@@ -162,6 +245,8 @@ class Lane:
     async def close(self) -> None:
         """Stop the engine and end the owner task (used at shutdown)."""
         await self.stop(reason="shutdown")
+        if self._liveness is not None:
+            self._liveness.cancel()
         self._inbox.put_nowait(("close", None))
         with contextlib.suppress(asyncio.CancelledError):
             await self._owner
@@ -244,6 +329,8 @@ class Lane:
                         fut.set_result(None)
                 elif op == "exited":
                     self._handle_exit(*arg)
+                elif op == "hung":
+                    await self._handle_hung(*arg)
             except Exception as exc:  # the owner must survive anything; the lane records it
                 self.error = f"internal error in lane owner: {exc!r}"
                 self._set(LaneState.FAILED, reason=self.error)
@@ -302,7 +389,9 @@ class Lane:
         self.last_used = time.time()
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
+        self.progress.at = time.monotonic()
         self._set(LaneState.READY)
+        self._liveness = asyncio.create_task(self._check_alive(proc), name=f"liveness:{self.model_id}")
         self.bus.publish(
             "lane.ready",
             lane=self.id,
@@ -405,6 +494,45 @@ class Lane:
         )
         self.ring.add(f"--- switchyard: {reason.split(';')[0]}")
         self._fail(reason)
+
+    async def _check_alive(self, proc: EngineProcess) -> None:
+        """Every engine_liveness_s while `proc` serves: its health route must answer (any status) within
+        engine_liveness_timeout_s, or some request must have made progress meanwhile."""
+        every, limit = self.settings.engine_liveness_s, self.settings.engine_liveness_timeout_s
+        while True:
+            await asyncio.sleep(every)
+            if proc is not self.proc or self.state is not LaneState.READY or self.plan is None:
+                return
+            t0 = time.monotonic()
+            try:
+                async with self._http.get(
+                    self.base_url + self.plan.health_path, timeout=aiohttp.ClientTimeout(total=limit)
+                ) as r:
+                    await r.read()
+                continue
+            except TimeoutError:
+                pass
+            except (aiohttp.ClientError, OSError):
+                continue  # refused or reset: an exit, which the exit watcher reports with its code
+            if self.progress.at >= t0:
+                continue  # bytes flowed on a request meanwhile: busy, not hung
+            self.unresponsive(
+                f"did not answer its health route within {limit:g} s (engine_liveness_timeout_s)"
+            )
+            return
+
+    async def _handle_hung(self, proc: EngineProcess, message: str) -> None:
+        if proc is not self.proc or self.state is not LaneState.READY:
+            return  # reported already (several requests saw it), or a process since replaced
+        self._hung = (time.monotonic(), message)
+        self.ring.add(f"--- switchyard: {message.split(';')[0]}; killing it")
+        self._fail(message.removeprefix(f"the engine for {self.model_id!r} ").split(";")[0])
+        await proc.terminate(grace=0)  # hung: SIGTERM would wait in a stopped process's queue
+        if self._stop_requested:
+            return  # a stop is queued: the lane is not wanted running
+        if self._startup is None or self._startup.done():
+            self._startup = asyncio.get_running_loop().create_future()
+            self._inbox.put_nowait(("start", self._startup))
 
     async def _handle_stop(self, reason: str) -> None:
         if self.state in (LaneState.STOPPED, LaneState.FAILED) and (

@@ -23,7 +23,7 @@ from app.hardware.model import Hardware
 from app.lanes.kind import EnginePython, engine_process_env, engine_python
 from app.lanes.kind import worker_argv as kind_worker_argv
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.lanes.worker_params import LlamaParams
 from app.library.catalog import ModelEntry
 from app.routing.model import LaneInstall
@@ -206,7 +206,7 @@ def build_plan(
                     f"(see `switchyard explain {entry.id}`)"
                 )
     params = plan_params(entry, settings, fit=fit)
-    env = engine_env()
+    env = settings_env(settings, kind="llama.cpp")
     env["PYTHONUNBUFFERED"] = "1"
     if runtime == "xllamacpp":
         engine = xllamacpp()

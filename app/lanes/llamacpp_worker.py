@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from app.lanes.parentwatch import set_pdeathsig, watch_parent
+from app.lanes.parentwatch import set_pdeathsig, tie_to_server
 from app.lanes.worker_params import LlamaParams
 
 _KV = {
@@ -84,14 +84,14 @@ def _quiet_llama_log(x: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # first of all: from here on the kernel kills us with the server, even inside llama.cpp's load or teardown
+    set_pdeathsig()
     ap = argparse.ArgumentParser(prog="app.lanes.llamacpp_worker")
     ap.add_argument("--ppid", type=int, required=True)
     ap.add_argument("--params", required=True)
     args = ap.parse_args(argv)
-    set_pdeathsig(signal.SIGTERM)
-    if os.getppid() != args.ppid:
+    if not tie_to_server(args.ppid):
         return 3
-    watch_parent(args.ppid)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

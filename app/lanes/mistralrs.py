@@ -19,7 +19,7 @@ from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.kind import dist_version, engine_process_env, engine_python, module_install, worker_argv
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.lanes.worker_params import MistralRsParams
 from app.library.model import ModelEntry
 from app.routing.engines import install_hint
@@ -103,7 +103,7 @@ class MistralRsKind:
                 max_seqs=settings.override(entry.id, "parallel", settings.parallel),
             )
         engine = engine_python(self.lane, "mistralrs", _dist())  # its own environment, if installed
-        env = engine_process_env(engine_env(), engine, worker=True)
+        env = engine_process_env(settings_env(settings, kind=self.lane), engine, worker=True)
         env.update(
             {
                 "PYTHONUNBUFFERED": "1",

@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from app.lanes import mistralrs_api as api
+from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
 from app.lanes.worker_params import MistralRsParams
 
@@ -259,6 +260,7 @@ def load(params: MistralRsParams) -> tuple[Any, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
     ap = argparse.ArgumentParser(prog="app.lanes.mistralrs_worker")
     ap.add_argument("--ppid", type=int, required=True)
     ap.add_argument("--params", required=True)

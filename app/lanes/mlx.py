@@ -23,7 +23,7 @@ from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.lanes.kind import EnginePython, engine_process_env, engine_python, module_install
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
@@ -142,7 +142,7 @@ def mlx_plan(
         str(free_port),
         *extra,
     )
-    env = engine_process_env(engine_env(), engine, worker=False)
+    env = engine_process_env(settings_env(settings, kind="mlx"), engine, worker=False)
     env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
     return LaunchPlan(
         "mlx-lm",

@@ -13,7 +13,7 @@ from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.lanes.kind import engine_process_env, engine_python, module_install, worker_argv
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.lanes.worker_params import PiperParams
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
@@ -54,7 +54,7 @@ class PiperKind:
         config = onnx.with_name(onnx.name + ".json")
         params = PiperParams(model_path=str(onnx), config_path=str(config), alias=entry.id)
         engine = engine_python(self.lane, "piper", "piper-tts")  # its own environment, if installed
-        env = engine_process_env(engine_env(), engine, worker=True)
+        env = engine_process_env(settings_env(settings, kind=self.lane), engine, worker=True)
         env["PYTHONUNBUFFERED"] = "1"
         argv = worker_argv("app.lanes.piper_worker", params.to_json(), ppid=ppid, engine=engine)
         return LaunchPlan(

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
 from app.lanes.worker_params import PiperParams
 
@@ -95,6 +96,7 @@ def make_app(voice: Any, params: PiperParams) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
     ap = argparse.ArgumentParser(prog="app.lanes.piper_worker")
     ap.add_argument("--ppid", type=int, required=True)
     ap.add_argument("--params", required=True)

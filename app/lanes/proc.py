@@ -13,32 +13,74 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO
+
+from app.core.settings import Settings
 
 BATCH_INTERVAL_S = 0.05  # well under what fills a pipe buffer at the engine's log rate
 
 
-# Names an engine never needs and that may hold credentials (an engine inherits the rest of the
-# server's environment: PATH, locale, CUDA_VISIBLE_DEVICES, HF_HUB_OFFLINE ...).
-_SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "SWITCHYARD_API_KEY")
-_SECRET_SUFFIXES = ("_TOKEN", "_API_KEY", "_SECRET", "_PASSWORD", "_PASSWD")
-_SECRET_PREFIXES = ("SWITCHYARD_REMOTE_KEY_",)  # remote lanes' keys (app/lanes/remote_store.py)
+# An engine starts from an allow-list of the server's environment, never the whole of it: a desktop
+# session or a CI holds cloud keys, database URLs and tokens that an engine has no use for.
+_PASS_NAMES = frozenset(
+    {
+        # the process basics
+        "PATH", "HOME", "USER", "LOGNAME", "USERNAME", "SHELL", "TMPDIR", "TEMP", "TMP", "TZ", "TERM",
+        "LANG", "LANGUAGE", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+        "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FALLBACK_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+        # Windows: without these a process cannot load its DLLs or find its profile
+        "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "APPDATA", "LOCALAPPDATA",
+        "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)", "COMMONPROGRAMFILES", "NUMBER_OF_PROCESSORS",
+        "PROCESSOR_ARCHITECTURE", "PROCESSOR_IDENTIFIER", "OS",
+        # where a Python-packaged engine finds itself and the Hugging Face cache (never the token)
+        "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONUTF8",
+        "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
+        "GPU_DEVICE_ORDINAL", "DO_NOT_TRACK", "NO_COLOR",
+    }
+)  # fmt: skip
+# families of GPU, runtime and threading switches (device selection, allocator and kernel options)
+_PASS_PREFIXES = (
+    "LC_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ROCM_", "HSA_", "ZE_", "ONEAPI_", "SYCL_", "VK_", "METAL_",
+    "MTL_", "MLX_", "GGML_", "LLAMA_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "BLIS_", "VECLIB_", "RAYON_",
+    "TORCH_", "PYTORCH_", "NCCL_", "TRITON_", "VLLM_", "SGLANG_",
+)  # fmt: skip
+# ... less any member of those families that holds a credential (llama-server reads LLAMA_API_KEY, vLLM
+# VLLM_API_KEY: passed on, they would also lock the gateway out of its own engine)
+_SECRET_MARKS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 
 
-def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment an engine starts with: the server's, less anything that looks like a secret.
+def _allowed(name: str) -> bool:
+    upper = name.upper()  # Windows names are case-insensitive
+    if upper in _PASS_NAMES:
+        return True
+    return upper.startswith(_PASS_PREFIXES) and not any(mark in upper for mark in _SECRET_MARKS)
 
-    Proxy variables are kept but stripped too where they carry a password (`http://u:p@host`)."""
-    env = dict(os.environ if base is None else base)
-    for name in list(env):
-        upper = name.upper()
-        if upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES) or upper.startswith(_SECRET_PREFIXES):
-            del env[name]
-        elif upper.endswith("_PROXY") and "@" in env[name]:
-            del env[name]
+
+def engine_env(
+    base: Mapping[str, str] | None = None,
+    *,
+    kind: str | None = None,
+    passed: Iterable[str] = (),
+    extra: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, str]:
+    """The environment an engine of lane `kind` starts with: the allow-listed part of `base` (default:
+    the server's environment), the names in `passed` (settings.engine_env_pass) copied from `base`, then
+    `extra[kind]` (settings.engine_env). A kind sets what its engine needs itself on top of this."""
+    src = os.environ if base is None else base
+    env = {name: value for name, value in src.items() if _allowed(name)}
+    for name in passed:  # the user's choice: passed even when it looks like a secret
+        if name in src:
+            env[name] = src[name]
+    if extra is not None and kind is not None:
+        env.update(extra.get(kind, {}))
     return env
+
+
+def settings_env(settings: Settings, *, kind: str) -> dict[str, str]:
+    """engine_env for lane `kind` with the user's additions from the settings."""
+    return engine_env(kind=kind, passed=settings.engine_env_pass, extra=settings.engine_env)
 
 
 class LogRing:

@@ -12,6 +12,7 @@ one and none is kept). Every change is published once as a `remote.state` event.
 
 from __future__ import annotations
 
+import re
 import time
 from enum import StrEnum
 from typing import Any
@@ -27,6 +28,7 @@ from app.core.errors import (
 )
 from app.core.events import EventBus
 from app.core.secrets import Secret
+from app.hub.safe_names import control_problem
 from app.lanes.lane import Lane
 from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
 from app.lanes.target import refusal_error
@@ -43,6 +45,34 @@ _KIND_CAPS = {
     "transcription": frozenset({"transcription", "translation"}),
 }
 _ANY = frozenset(cap for caps in _KIND_CAPS.values() for cap in caps)
+# a remote's model list is shown in terminals, logs and remotes.json: bounded, and only printable ids
+MAX_LISTED = 1024
+MAX_ID_CHARS = 256
+_KIND = re.compile(r"[a-z][a-z_-]{0,31}")
+
+
+def listed_models(data: list[Any]) -> tuple[tuple[SeenModel, ...], int]:
+    """The models of a remote's GET /models answer that can be exposed, and how many were left out: an
+    id that is not a string, is empty or longer than MAX_ID_CHARS, has surrounding spaces or a control
+    character (it would forge log lines or move a terminal's cursor), and anything past MAX_LISTED. A
+    kind that is not a short lowercase word is dropped (the model stays, asked anything)."""
+    seen: list[SeenModel] = []
+    refused = 0
+    for m in data:
+        model_id = m.get("id") if isinstance(m, dict) else None
+        ok = (
+            isinstance(model_id, str)
+            and 0 < len(model_id) <= MAX_ID_CHARS
+            and model_id == model_id.strip()
+            and control_problem(model_id) is None
+        )
+        if not ok or len(seen) >= MAX_LISTED:
+            refused += 1
+            continue
+        kind = m.get("kind")
+        known = isinstance(kind, str) and _KIND.fullmatch(kind) is not None
+        seen.append(SeenModel(str(model_id), kind if known else None))
+    return tuple(seen), refused
 
 
 class RemoteState(StrEnum):
@@ -62,7 +92,9 @@ class Remote:
         self.state = RemoteState.CHECKING
         self.error: str | None = None
         self.checked_at: float | None = None
-        self.seen: tuple[SeenModel, ...] = spec.seen  # the last list, kept across restarts
+        # the last list, kept across restarts (filtered again: it may predate the filter)
+        self.seen: tuple[SeenModel, ...] = listed_models([{"id": m.id, "kind": m.kind} for m in spec.seen])[0]
+        self.refused = 0  # models the last list named that were left out (see listed_models)
         self._lanes: dict[str, RemoteLane] = {}
 
     @property
@@ -167,11 +199,7 @@ class Remote:
         if not isinstance(data, list):
             self.unreachable(f"GET {self.spec.url}/models did not answer with an OpenAI model list")
             return False
-        seen = tuple(
-            SeenModel(str(m["id"]), m.get("kind") if isinstance(m.get("kind"), str) else None)
-            for m in data
-            if isinstance(m, dict) and isinstance(m.get("id"), str)
-        )
+        seen, self.refused = listed_models(data)
         changed = seen != self.seen
         self.seen = seen
         self._set(RemoteState.READY, None)
@@ -191,6 +219,7 @@ class Remote:
                 {"id": f"{self.name}/{m.id}", "remote_id": m.id, "kind": m.kind, "listed": m.id in listed}
                 for m in self.models()
             ],
+            "refused_models": self.refused,
             "in_flight": self.in_flight(),
         }
 

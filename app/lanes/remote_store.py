@@ -10,21 +10,25 @@ without a network call). Keys are looked up, first found wins:
      process that was given it. That is why `switchyard remote add` goes through a running server.
 
 A key is a `Secret` from the moment it is read: masked in repr, never logged, never written to disk.
+remotes.json is changed only by a locked read-modify-write (app/core/statefile.py): concurrent adds and
+removes from several processes all land.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from app.core import statefile
 from app.core.errors import BadRequestError, RemoteExistsError, RemoteNotFoundError, SettingsError
 from app.core.secrets import SERVICE, Secret
 
@@ -140,14 +144,17 @@ class RemoteStore:
     # ---- the file ------------------------------------------------------------------------------------
     def specs(self) -> list[RemoteSpec]:
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
+            text = statefile.read_text(self.path)
+        except OSError as exc:
             raise SettingsError(f"{self.path} cannot be read ({exc}); fix or remove it") from exc
+        return [] if text is None else self._parse(text)
+
+    def _parse(self, text: str) -> list[RemoteSpec]:
         try:
-            return [RemoteSpec.from_json(d) for d in raw["remotes"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            return [RemoteSpec.from_json(d) for d in json.loads(text)["remotes"]]
+        except ValueError as exc:
+            raise SettingsError(f"{self.path} cannot be read ({exc}); fix or remove it") from exc
+        except (KeyError, TypeError) as exc:
             raise SettingsError(
                 f"{self.path} is damaged ({type(exc).__name__}: {exc}); fix or remove it"
             ) from exc
@@ -159,68 +166,71 @@ class RemoteStore:
         known = ", ".join(s.name for s in self.specs()) or "none"
         raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known}); see `switchyard remote ls`")
 
-    def _write(self, specs: list[RemoteSpec]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": 1, "remotes": [s.public() for s in specs]}, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, self.path)  # atomic: a crash never leaves half a file
+    def _update(self, change: Callable[[list[RemoteSpec]], Any]) -> Any:
+        """Locked read-modify-write of remotes.json: the server, the CLI and the window may all change it
+        at once, and none of their changes is lost."""
+        return statefile.update(
+            self.path,
+            lambda specs: change(specs or []),
+            parse=self._parse,
+            dump=lambda specs: statefile.dump_json({"version": 1, "remotes": [s.public() for s in specs]}),
+            mode=0o600,
+        )
 
     def add(self, spec: RemoteSpec, key: Secret | None) -> tuple[RemoteSpec, str | None]:
         """Register `spec` and keep `key`; returns the stored spec and, when the key could not go into the
         keyring, why (it is then kept for this process only)."""
         check_name(spec.name)
-        with self._lock:
-            specs = self.specs()
+        stored = RemoteSpec(
+            name=spec.name, url=normalize_url(spec.url), models=spec.models, added_at=time.time()
+        )
+        problem: list[str | None] = []
+
+        def add(specs: list[RemoteSpec]) -> list[RemoteSpec]:
             if any(s.name == spec.name for s in specs):
                 raise RemoteExistsError(
                     f"a remote named {spec.name!r} already exists; remove it first "
                     f"(`switchyard remote rm {spec.name}`) to change its URL or key"
                 )
-            problem = None
-            kept = None
-            if key is not None:
-                problem = _keyring_set(spec.name, key)
-                kept = "keyring" if problem is None else "session"
-                if problem is not None:
-                    self._session[spec.name] = key
-            stored = RemoteSpec(
-                name=spec.name,
-                url=normalize_url(spec.url),
-                models=spec.models,
-                key_kept=kept,
-                added_at=time.time(),
-            )
-            self._write([*specs, stored])
-        return stored, problem
+            if key is None:
+                return [*specs, stored]
+            problem.append(_keyring_set(spec.name, key))  # under the lock: never over another's key
+            if problem[0] is not None:
+                self._session[spec.name] = key
+            kept = "keyring" if problem[0] is None else "session"
+            return [*specs, dataclasses.replace(stored, key_kept=kept)]
+
+        with self._lock:
+            new = self._update(add)
+        return new[-1], (problem[0] if problem else None)
 
     def remove(self, name: str) -> RemoteSpec:
-        with self._lock:
-            specs = self.specs()
-            gone = next((s for s in specs if s.name == name), None)
-            if gone is None:
+        gone: list[RemoteSpec] = []
+
+        def drop(specs: list[RemoteSpec]) -> list[RemoteSpec]:
+            gone.extend(s for s in specs if s.name == name)
+            if not gone:
                 known = ", ".join(s.name for s in specs) or "none"
                 raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known})")
-            self._write([s for s in specs if s is not gone])
+            return [s for s in specs if s.name != name]
+
+        with self._lock:
+            self._update(drop)
             self._session.pop(name, None)
             _keyring_delete(name)
-        return gone
+        return gone[0]
 
     def record_seen(self, name: str, seen: tuple[SeenModel, ...]) -> None:
         """Remember what the remote listed (only when it changed: checks run every few seconds)."""
-        with self._lock:
-            specs = self.specs()
-            out = []
-            changed = False
-            for s in specs:
-                if s.name == name and s.seen != seen:
-                    s = RemoteSpec(s.name, s.url, s.models, s.key_kept, s.added_at, seen, time.time())
-                    changed = True
-                out.append(s)
-            if changed:
-                self._write(out)
+
+        def note(specs: list[RemoteSpec]) -> Any:
+            if not any(s.name == name and s.seen != seen for s in specs):
+                return statefile.KEEP
+            now = time.time()
+            return [dataclasses.replace(s, seen=seen, seen_at=now) if s.name == name else s for s in specs]
+
+        if any(s.name == name and s.seen != seen for s in self.specs()):  # most checks change nothing
+            self._update(note)
 
     # ---- keys ------------------------------------------------------------------------------------------
     def key(self, name: str) -> tuple[Secret | None, str | None]:

@@ -27,7 +27,7 @@ from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.kind import find_binary
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
@@ -196,7 +196,7 @@ class SDCppKind:
         return LaunchPlan(
             "sd-server",
             argv,
-            engine_env(),
+            settings_env(settings, kind=self.lane),
             HEALTH_PATH,
             free_port,
             params,

@@ -122,11 +122,8 @@ class Supervisor:
         if capability in self.capabilities(entry):
             return None
         lanes = [title(k.lane) for k in self.kinds.values() if capability in k.offers]
-        models = []
-        for mid in self.catalog.ids():
-            other = self.catalog.get(mid, allow_broken=True)
-            if other.ok and capability in self.capabilities(other):
-                models.append(mid)
+        # the last scan's entries, as they are: no stat nor rescan per model of a large library
+        models = [e.id for e in self.catalog.servable() if capability in self.capabilities(e)]
         kind = default_kind(entry, self.kinds)
         where = f"runs on {title(kind.lane)}, which" if kind else "has no lane that"
         by = f"{', '.join(lanes)} lane(s)" if lanes else "no lane"

@@ -15,7 +15,7 @@ from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.kind import engine_process_env, engine_python, module_install, worker_argv
 from app.lanes.plan import LaunchPlan
-from app.lanes.proc import engine_env
+from app.lanes.proc import settings_env
 from app.lanes.worker_params import WhisperParams
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
@@ -56,7 +56,7 @@ class WhisperKind:
             model_path=str(entry.path), alias=entry.id, threads=settings.threads or usable_cores()
         )
         engine = engine_python(self.lane, "pywhispercpp", "pywhispercpp")  # its own environment, if installed
-        env = engine_process_env(engine_env(), engine, worker=True)
+        env = engine_process_env(settings_env(settings, kind=self.lane), engine, worker=True)
         env["PYTHONUNBUFFERED"] = "1"
         argv = worker_argv("app.lanes.whisper_worker", params.to_json(), ppid=ppid, engine=engine)
         return LaunchPlan(

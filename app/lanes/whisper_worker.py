@@ -16,6 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from app.lanes.audio import RATE, AudioError, decode
+from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
 from app.lanes.worker_params import WhisperParams
 
@@ -124,6 +125,7 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
     ap = argparse.ArgumentParser(prog="app.lanes.whisper_worker")
     ap.add_argument("--ppid", type=int, required=True)
     ap.add_argument("--params", required=True)

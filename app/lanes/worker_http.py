@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 
 from aiohttp import web
 
-from app.lanes.parentwatch import set_pdeathsig, watch_parent
+from app.lanes.parentwatch import tie_to_server
 
 
 def error(
@@ -29,12 +28,9 @@ def log(message: str) -> None:
 
 
 def guard_parent(ppid: int) -> bool:
-    """Die with the parent; False when the parent is already gone."""
-    set_pdeathsig(signal.SIGTERM)
-    if os.getppid() != ppid:
-        return False
-    watch_parent(ppid)
-    return True
+    """Die with the server (pid `ppid`) whatever the engine is doing; False when it is already gone.
+    Called before the engine is imported: its load is where a server's death used to be missed."""
+    return tie_to_server(ppid)
 
 
 async def _serve(app: web.Application) -> None:

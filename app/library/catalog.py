@@ -15,6 +15,9 @@ Aliases recorded in the library (Library.add_alias) resolve to their model and a
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +29,10 @@ from app.library.sources import import_entry, scan_hf_cache, scan_models_dir
 from app.library.store import HeaderKey, Library
 
 __all__ = ["Catalog", "FileInfo", "ModelEntry", "Origin"]
+# a name not found rescans the library, but not again within this long of the last such rescan while its
+# folders are unchanged: a burst of unknown names must not rescan a thousand models once per request
+MISS_RESCAN_S = 1.0
+LISTED_IN_ERRORS = 20  # model ids a "does not exist" message names; GET /v1/models lists them all
 
 
 class Catalog:
@@ -39,6 +46,11 @@ class Catalog:
         self._new_headers: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
         self._entries: dict[str, ModelEntry] = {}
         self._aliases: dict[str, list[str]] = {}
+        # one scan at a time (the gateway's run in a thread); when the last rescan for a miss began
+        self._scan_lock = threading.Lock()
+        self._miss_scan_at = float("-inf")
+        self._miss_scan_of: tuple[int | None, ...] = ()  # the folders' mtimes at that rescan
+        self._rescan: asyncio.Future[list[ModelEntry]] | None = None
 
     def _read(self, path: Path) -> GGUFFacts | GGUFProblem:
         try:
@@ -78,6 +90,25 @@ class Catalog:
         return found
 
     def scan(self) -> list[ModelEntry]:
+        with self._scan_lock:
+            return self._scan()
+
+    def _scan_for_miss(self) -> list[ModelEntry]:
+        self._miss_scan_at, self._miss_scan_of = time.monotonic(), self._folders()
+        return self.scan()
+
+    def _folders(self) -> tuple[int | None, ...]:
+        """The mtimes of the scanned folders: a file added to or removed from one changes its own."""
+        roots = [*self.dirs, *([self.hf_cache] if self.hf_cache is not None else [])]
+        out: list[int | None] = []
+        for root in roots:
+            try:
+                out.append(root.stat().st_mtime_ns)
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _scan(self) -> list[ModelEntry]:
         entries: dict[str, ModelEntry] = {}
         for e in self._found():
             if e.id in entries:
@@ -132,6 +163,10 @@ class Catalog:
     def ids(self) -> list[str]:
         return [e.id for e in self._entries.values() if e.ok]
 
+    def servable(self) -> list[ModelEntry]:
+        """The servable entries as of the last scan; no rescan, no file access."""
+        return [e for e in self._entries.values() if e.ok]
+
     def _lookup(self, model_id: str) -> ModelEntry | None:
         entry = self._entries.get(model_id)
         if entry is not None:
@@ -151,17 +186,42 @@ class Catalog:
         return self._lookup(model_id)
 
     def get(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
-        """The entry for a servable model (an id or an alias); rescans once on a miss (a file may have just
-        arrived). `allow_broken` returns a broken or not-yet-runnable entry instead of raising."""
+        """The entry for a servable model (an id or an alias); on a miss (a file may have just arrived)
+        rescans first, unless a rescan for a miss began less than MISS_RESCAN_S ago and the folders are
+        unchanged since. `allow_broken` returns a broken or not-yet-runnable entry instead of raising."""
+        if self._missing(model_id) and self._rescan_due():
+            self._scan_for_miss()
+        return self._answer(model_id, allow_broken=allow_broken)
+
+    async def aget(self, model_id: str, *, allow_broken: bool = False) -> ModelEntry:
+        """`get` for the event loop: the rescan on a miss runs in a thread, shared by every request that
+        misses meanwhile, so a burst of unknown names costs one scan and never stalls the loop."""
+        if self._missing(model_id) and (self._rescan is not None or self._rescan_due()):
+            rescan = self._rescan
+            if rescan is None or rescan.get_loop() is not asyncio.get_running_loop():  # a loop since closed
+                rescan = self._rescan = asyncio.ensure_future(asyncio.to_thread(self._scan_for_miss))
+                rescan.add_done_callback(self._rescanned)
+            await asyncio.shield(rescan)
+        return self._answer(model_id, allow_broken=allow_broken)
+
+    def _rescanned(self, fut: asyncio.Future[list[ModelEntry]]) -> None:
+        self._rescan = None
+        if not fut.cancelled():
+            fut.exception()  # each waiter sees the scan's error itself; this one is only retrieved
+
+    def _missing(self, model_id: str) -> bool:
         entry = self._lookup(model_id)
-        if entry is None or not entry.path.exists():
-            self.scan()
-            entry = self._lookup(model_id)
+        return entry is None or not entry.path.exists()
+
+    def _rescan_due(self) -> bool:
+        recent = time.monotonic() - self._miss_scan_at < MISS_RESCAN_S
+        return not recent or self._folders() != self._miss_scan_of
+
+    def _answer(self, model_id: str, *, allow_broken: bool) -> ModelEntry:
+        entry = self._lookup(model_id)
         if entry is None:
-            where = ", ".join(map(str, self.dirs))
-            known = ", ".join(self.ids()) or f"none (put .gguf files in {where})"
             raise ModelNotFoundError(
-                f"model {model_id!r} does not exist; available models: {known}", param="model"
+                f"model {model_id!r} does not exist; available models: {self._known_text()}", param="model"
             )
         if allow_broken:
             return entry
@@ -177,6 +237,15 @@ class Catalog:
                 param="model",
             )
         return entry
+
+    def _known_text(self) -> str:
+        ids = self.ids()
+        if not ids:
+            return f"none (put .gguf files in {', '.join(map(str, self.dirs))})"
+        more = len(ids) - LISTED_IN_ERRORS
+        return ", ".join(ids[:LISTED_IN_ERRORS]) + (
+            f" and {more} more (GET /v1/models lists them all)" if more > 0 else ""
+        )
 
 
 def _with_source(e: ModelEntry, source: str) -> ModelEntry:

@@ -4,6 +4,10 @@ The path is checked with app.formats.detect first and refused with the reason wh
 By default the model is copied into SWITCHYARD_HOME/models/imported/<id>/ (through a hidden temporary folder
 renamed into place, so a crash never leaves half a model where a model is expected), hashing each file
 on the way (sha256); `--link` registers it where it is and never moves or changes it.
+
+Only regular files are read: a pipe, socket or device is refused (reading one would hang or never end),
+and in a folder a symlink must point inside it (or, for a Hugging Face cache snapshot, inside its
+repository's folder, where its blobs are), so an import never copies in a file from elsewhere.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -45,10 +50,66 @@ def _default_id(src: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "model"
 
 
+def _not_regular(path: Path) -> ImportRefusedError:
+    return ImportRefusedError(
+        f"{path} is not a regular file (a pipe, socket, device or dangling link); a model is made of "
+        "regular files: import the folder without it",
+        param="path",
+    )
+
+
+def _link_root(src: Path) -> Path:
+    """Where symlinks in folder `src` may point: inside it, or for a Hugging Face cache snapshot
+    (`models--org--name/snapshots/<commit>`) inside the repository's folder."""
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
+        return src.parent.parent
+    return src
+
+
+def _check_entry(path: Path, *, root: Path, src: Path) -> None:
+    """A folder entry is a regular file, a folder, or a symlink to one of those inside `root`."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        target = Path(os.path.realpath(path))
+        if not target.is_relative_to(root):
+            raise ImportRefusedError(
+                f"{path} is a symlink to {target}, outside {src}: an import does not bring in files from "
+                "elsewhere. Copy that file into the folder, or import it by itself",
+                param="path",
+            )
+        try:
+            st = target.stat()
+        except OSError:
+            raise _not_regular(path) from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise _not_regular(path)
+
+
+def check_tree(src: Path) -> None:
+    """Refuse what an import must not read (see the module docstring); `src` is resolved."""
+    if not src.is_dir():
+        if not src.is_file():
+            raise _not_regular(src)
+        return
+    root = _link_root(src)
+    for d, dirs, names in os.walk(src):
+        for n in (*dirs, *names):
+            _check_entry(Path(d) / n, root=root, src=src)
+
+
+def _open_regular(src: Path) -> int:
+    """A read descriptor, checked to be a regular file once open (no race with a swapped-in pipe)."""
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_regular(src)
+    return fd
+
+
 def _copy_hashed(src: Path, dest: Path) -> str:
     h = hashlib.sha256()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with src.open("rb") as fi, dest.open("wb") as fo:
+    with os.fdopen(_open_regular(src), "rb") as fi, dest.open("wb") as fo:
         while chunk := fi.read(_CHUNK):
             h.update(chunk)
             fo.write(chunk)
@@ -71,6 +132,7 @@ def import_model(
     if not src.exists():
         raise ImportRefusedError(f"nothing to import at {src}: no such file or folder", param="path")
     src = src.resolve()
+    check_tree(src)  # before detection, which opens the files it finds
     fmt = detect_format(src)
     if fmt.kind is ModelKind.MMPROJ:
         raise ImportRefusedError(
@@ -138,7 +200,7 @@ def _copy_in(
             main = dest
         else:
             for p in dict.fromkeys((*(files or (src,)), *companions)):
-                shas[p.name] = _copy_hashed(p, tmp / p.name)
+                shas[p.name] = _copy_hashed(p, tmp / p.name)  # a companion that is no regular file: refused
             main = dest / src.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)  # the model appears whole or not at all

@@ -38,6 +38,7 @@ from app.server import (
     routes_remotes,
     routes_rerank,
     routes_responses,
+    tls,
 )
 from app.server.gateway import Gateway
 from app.server.keys import GATEWAY, RUNTIME
@@ -70,6 +71,7 @@ def make_app(runtime: Runtime) -> web.Application:
             limits.middleware(runtime.settings),  # innermost: it needs the client the auth middleware names
         ],
         client_max_size=runtime.settings.max_body_mib * limits.MIB,
+        handler_args=limits.HANDLER_ARGS,
     )
     app[RUNTIME] = runtime
     app[GATEWAY] = Gateway(runtime)
@@ -114,13 +116,55 @@ def who_holds(port: int) -> str:
     return "another process"
 
 
-async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None = None) -> None:
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that end the server cleanly: SIGHUP too (a closed terminal, or a service manager's
+    reload), which would otherwise end the process without stopping its lanes."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP")
+    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+
+
+def server_urls(host: str, port: int, *, scheme: str) -> tuple[str, str]:
+    """(the bound address as a URL, the URL to dial): a wildcard bind is not an address to connect to
+    (nor an allowed Host), so clients dial loopback."""
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{shown}:{port}"
+    return url, {"0.0.0.0": f"{scheme}://127.0.0.1:{port}", "::": f"{scheme}://[::1]:{port}"}.get(host, url)
+
+
+def record_server(paths: Paths, *, dial: str, host: str, port: int, material: tls.TlsMaterial | None) -> None:
+    """Write server.json: how the CLI finds this server, and the one certificate it is to trust."""
+    doc: dict[str, object] = {"url": dial, "host": host, "port": port, "pid": os.getpid()}
+    doc["scheme"] = "https" if material is not None else "http"
+    if material is not None:
+        doc |= {"fingerprint": material.fingerprint, "cert": str(material.cert)}
+    paths.server_file.write_text(json.dumps(doc))
+
+
+def forget_server(paths: Paths) -> None:
+    """Remove server.json if this process wrote it (another server may have replaced it since)."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if json.loads(paths.server_file.read_text()).get("pid") == os.getpid():
+            paths.server_file.unlink()
+
+
+async def serve(
+    settings: Settings, paths: Paths, *, stop: asyncio.Event | None = None, use_tls: bool = False
+) -> None:
+    """Bind, announce, and run until `stop` or SIGTERM/SIGINT/SIGHUP; then stop every lane and remove
+    server.json. `use_tls` (`serve --tls`) serves HTTPS; a non-loopback bind refuses plain HTTP unless
+    `allow_plain_lan` is set."""
     if not auth.is_loopback(settings.host) and not KeyStore.at(paths):
         raise SettingsError(
             f"refusing to bind {settings.host}: a non-loopback address exposes the API to the network, and "
             "no API key exists yet; create one with `switchyard keys create NAME` (give it to each client), "
             "or bind 127.0.0.1 (the default)"
         )
+    material = tls.material_for(settings, paths, use_tls=tls.wanted(settings, asked=use_tls))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in stop_signals():  # before the Runtime starts: a signal during start-up still cleans up
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings=settings, paths=paths)
     app = make_app(runtime)
     runner = web.AppRunner(
@@ -133,7 +177,8 @@ async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None 
         keepalive_timeout=settings.idle_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=False)
+    ssl_ctx = tls.server_context(material) if material is not None else None
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=False, ssl_context=ssl_ctx)
     try:
         await site.start()
     except OSError as exc:
@@ -145,13 +190,23 @@ async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None 
             ) from exc
         raise
     port = int(runner.addresses[0][1]) if runner.addresses else settings.port
-    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
-    url = f"http://{shown}:{port}"
-    # a wildcard bind is not an address to connect to (nor an allowed Host): the CLI dials loopback
-    dial = {"0.0.0.0": f"http://127.0.0.1:{port}", "::": f"http://[::1]:{port}"}.get(settings.host, url)
-    paths.server_file.write_text(
-        json.dumps({"url": dial, "host": settings.host, "port": port, "pid": os.getpid()})
-    )
+    url, dial = server_urls(settings.host, port, scheme="https" if material else "http")
+    record_server(paths, dial=dial, host=settings.host, port=port, material=material)
+    try:
+        _log_catalog(runtime)
+        if material is not None:
+            log.info("TLS certificate %s, SHA-256 fingerprint %s", material.cert, material.fingerprint)
+            print(f"TLS certificate {material.cert}", flush=True)
+            print(f"TLS fingerprint (SHA-256) {material.fingerprint}", flush=True)
+        print(f"listening on {url}", flush=True)
+        await stop.wait()
+    finally:
+        log.info("shutting down: stopping lanes")
+        forget_server(paths)
+        await runner.cleanup()
+
+
+def _log_catalog(runtime: Runtime) -> None:
     entries = runtime.catalog.entries()
     n_ok = len(runtime.catalog.ids())
     n_broken = sum(1 for e in entries if e.problem is not None)
@@ -166,17 +221,3 @@ async def serve(settings: Settings, paths: Paths, *, stop: asyncio.Event | None 
     for e in entries:
         if e.problem is not None:
             log.warning("broken model %s (%s): %s", e.id, e.path, e.problem)
-    print(f"listening on {url}", flush=True)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down: stopping lanes")
-        with contextlib.suppress(FileNotFoundError):
-            if json.loads(paths.server_file.read_text()).get("pid") == os.getpid():
-                paths.server_file.unlink()
-        await runner.cleanup()

@@ -31,12 +31,14 @@ from app.core.errors import (
     SwitchyardError,
     UpstreamRefusedError,
 )
-from app.lanes.lane import LaneState
+from app.lanes.lane import Lane, LaneState
 from app.lanes.remote import RemoteLane
 from app.lanes.target import Target
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
+from app.server.engine_wait import engine_wait, progress_of
 from app.server.raw_http import RawUpstream, open_post, read_all
+from app.server.whole import WholeAnswer, stream_body
 
 log = logging.getLogger("switchyard.gateway")
 LOADING_TICK_S = 1.0  # how often a waiting stream hears that its model is still loading
@@ -44,6 +46,10 @@ _NO_TOTAL = aiohttp.ClientTimeout(total=None, sock_connect=10)
 # a token covers at least one byte of the request body; the chat template adds at most this much
 TEMPLATE_ALLOWANCE = 512
 PER_MESSAGE_ALLOWANCE = 32
+# no token of any vocabulary we serve is longer: a text of B bytes is at least B / this many tokens, so a
+# prompt far over the context is refused without a tokenize call (a megabyte would take the engine minutes)
+MAX_BYTES_PER_TOKEN = 256
+TOKENIZE_DEADLINE_S = 10.0  # a count that takes longer is left to the engine, which counts it anyway
 Tick = Callable[[str, float], Awaitable[None]]  # (phase, seconds waited)
 
 
@@ -63,15 +69,15 @@ class Gateway:
         self.rt = rt
 
     # ---- resolve -------------------------------------------------------------------------------------
-    def resolve(self, model: str, capability: str) -> Route:
+    async def resolve(self, model: str, capability: str) -> Route:
         """Where `model` goes, refused (400/404) when it cannot do `capability` there. A local model of the
-        same id always wins over a remote's NAME/MODEL."""
+        same id always wins over a remote's NAME/MODEL. An unknown name's rescan runs off the event loop."""
         rt = self.rt
         if (remote := self.remote_for(model)) is not None:
             if (missing := remote.capability_error(capability)) is not None:
                 raise missing
             return Route(remote.model_id, None, remote)
-        entry = rt.catalog.get(model)
+        entry = await rt.catalog.aget(model)
         if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
             wanted = "embedding" if capability == "embeddings" else "chat"
             if capability in ("chat", "completions", "embeddings") and entry.kind != wanted:
@@ -152,35 +158,33 @@ class Gateway:
         ctx = target.slot_context()
         if ctx is None:
             return
-        slot, total, parallel = ctx
+        slot = ctx[0]
         try:
             if route == "chat":
                 messages = body.get("messages")
                 n_msgs = len(messages) if isinstance(messages, list) else 0
                 if not may_exceed(body_bytes, messages=n_msgs, slot_ctx=slot):
                     return
+                text = _chat_text(body)
+                if (least := len(text.encode()) // MAX_BYTES_PER_TOKEN) >= slot:
+                    raise _too_long(target, least, ctx, at_least=True, param=param, route=route)
                 # one call: the texts alone, tokenized; only a prompt near the limit is counted exactly
-                bound = await self._tokens(target, _chat_text(body))
+                bound = await self._tokens(target, text)
                 if bound + TEMPLATE_ALLOWANCE + PER_MESSAGE_ALLOWANCE * n_msgs < slot:
                     return
                 n: int | None = await self.count_prompt(target, body)
             else:
+                if (least := _least_tokens(body.get("prompt"))) >= slot:
+                    raise _too_long(target, least, ctx, at_least=True, param=param, route=route)
                 n = await self._completion_tokens(target, body.get("prompt"), body_bytes, slot)
-        except SwitchyardError as exc:  # the engine could not count it: let the engine itself decide
+        except ContextLengthExceededError:
+            raise
+        except SwitchyardError as exc:  # the engine could not count it (in time): let the engine decide
             log.info("could not count the prompt for %s: %s", target.model_id, exc.message)
             return
         if n is None or n < slot:
             return
-        shared = (
-            f"{total} tokens shared by {parallel} parallel slots" if parallel > 1 else "its whole context"
-        )
-        raise ContextLengthExceededError(
-            f"the prompt is {n} tokens, but model {target.model_id!r} has a context of {slot} tokens per "
-            f"request ({shared}), and a prompt must leave room for at least one generated token; shorten "
-            f"the prompt, or give each request more context: raise ctx_size or lower parallel "
-            f"(model_overrides[{target.model_id!r}] in settings.json)",
-            param=param or ("messages" if route == "chat" else "prompt"),
-        )
+        raise _too_long(target, n, ctx, at_least=False, param=param, route=route)
 
     async def _completion_tokens(self, target: Target, prompt: Any, body_bytes: int, slot: int) -> int | None:
         """The longest prompt of a completion request in tokens (a list of prompts is a batch), or None."""
@@ -200,8 +204,22 @@ class Gateway:
             longest = max(longest, await self._tokens(target, text))
         return longest
 
+    async def _counted(self, target: Target, path: str, body: dict[str, Any]) -> Any:
+        """`post_json` for a count (render, tokenize), given up after TOKENIZE_DEADLINE_S: the call is
+        dropped and the error says so."""
+        try:
+            async with asyncio.timeout(TOKENIZE_DEADLINE_S):
+                return await self.post_json(target, path, body)
+        except TimeoutError:
+            raise UpstreamRefusedError(
+                f"the engine for {target.model_id!r} took over {TOKENIZE_DEADLINE_S:g} s to answer {path}",
+                status=504,
+                source="engine",
+            ) from None
+
     async def _tokens(self, target: Target, text: str) -> int:
-        tokens = await self.post_json(target, "/tokenize", {"content": text, "add_special": True})
+        """Tokens of `text` by the engine's tokenizer, within TOKENIZE_DEADLINE_S."""
+        tokens = await self._counted(target, "/tokenize", {"content": text, "add_special": True})
         if not isinstance(tokens, dict) or not isinstance(tokens.get("tokens"), list):
             raise UpstreamRefusedError(
                 f"the engine for {target.model_id!r} did not tokenize the prompt", status=502, source="engine"
@@ -231,7 +249,7 @@ class Gateway:
                 )
             assert isinstance(n, int)
             return n
-        rendered = await self.post_json(target, "/apply-template", shape)
+        rendered = await self._counted(target, "/apply-template", shape)
         prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
         if not isinstance(prompt, str):
             raise UpstreamRefusedError(
@@ -261,8 +279,9 @@ class Gateway:
         http = self.http(target)
         for attempt in (1, 2):
             try:
-                upstream = await http.post(
-                    target.base_url + path, data=data, headers=headers, timeout=_NO_TOTAL
+                upstream = await engine_wait(
+                    target,
+                    http.post(target.base_url + path, data=data, headers=headers, timeout=_NO_TOTAL),
                 )
                 break
             except aiohttp.ClientConnectorError as exc:
@@ -301,7 +320,9 @@ class Gateway:
         on a connection of its own (an engine closes a streamed connection anyway)."""
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         try:
-            proto = await open_post(target.base_url, path, body, headers)
+            proto = await engine_wait(
+                target, open_post(target.base_url, path, body, headers, progress=progress_of(target))
+            )
         except (OSError, TimeoutError) as exc:
             await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
             raise target.broken(exc) from exc
@@ -317,7 +338,10 @@ class Gateway:
     async def read(self, target: Target, upstream: aiohttp.ClientResponse) -> bytes:
         """The whole answer; a connection that breaks while it is read is the target's failure."""
         try:
-            return await upstream.read()
+            parts: list[bytes] = []
+            while piece := await engine_wait(target, upstream.content.readany()):
+                parts.append(piece)
+            return b"".join(parts)
         except (aiohttp.ClientError, OSError) as exc:
             await asyncio.sleep(0.05)
             raise target.broken(exc) from exc
@@ -341,12 +365,40 @@ class Gateway:
                 source="engine",
             ) from exc
 
+    def answers_whole(self, target: Target, route: str, body: dict[str, Any]) -> bool:
+        """Whether a non-streamed `route` request is asked of `target` as a stream and answered whole
+        (app/server/whole.py): a local engine with llama.cpp slots, which would not stop for a client
+        that went away; a chat, or a completion of one prompt (a batch is answered whole by the engine)."""
+        if route not in ("chat", "completions") or not isinstance(target, Lane):
+            return False
+        if target.slot_context() is None:
+            return False
+        prompt = body.get("prompt")
+        return route == "chat" or not isinstance(prompt, list) or all(_is_int(t) for t in prompt)
+
+    async def whole(self, target: Target, path: str, body: dict[str, Any], *, route: str) -> bytes:
+        """The non-streamed answer to `body`, read from the engine's stream of it; the stream's connection
+        is dropped if this is cancelled (the client went away), so the engine stops generating."""
+        upstream = await self.post(target, path, stream_body(body), stream=True)
+        folded = WholeAnswer(route)
+        try:
+            while not folded.done and (piece := await engine_wait(target, upstream.content.readany())):
+                folded.feed(piece)
+        except StreamRefusal as exc:
+            raise target.refused(500, exc.payload) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            await asyncio.sleep(0.05)
+            raise target.broken(exc) from exc
+        finally:
+            upstream.close()
+        return json.dumps(folded.answer(), ensure_ascii=False).encode()
+
     async def deltas(self, target: Target, upstream: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:
         """The typed deltas of an OpenAI event stream, until `[DONE]`. A broken connection is the target's
         failure; an error inside the stream is its refusal."""
         reader = StreamReader()
         try:
-            async for piece in upstream.content.iter_any():
+            while piece := await engine_wait(target, upstream.content.readany()):
                 for delta in reader.deltas(piece):
                     yield delta
                 if reader.done:
@@ -399,6 +451,33 @@ def _kind_error(model: str, kind: str) -> BadRequestError:
         f"model {model!r} is a generative model, not an embedding model (its GGUF has no pooling type); "
         "use an embedding model for embeddings",
         param="model",
+    )
+
+
+def _least_tokens(prompt: Any) -> int:
+    """The fewest tokens the longest text of a completion prompt can be, from its length in bytes."""
+    texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    return max((len(t.encode()) // MAX_BYTES_PER_TOKEN for t in texts if isinstance(t, str)), default=0)
+
+
+def _too_long(
+    target: Target,
+    n: int,
+    ctx: tuple[int, int, int],
+    *,
+    at_least: bool,
+    param: str | None,
+    route: str,
+) -> ContextLengthExceededError:
+    slot, total, parallel = ctx
+    shared = f"{total} tokens shared by {parallel} parallel slots" if parallel > 1 else "its whole context"
+    size = f"at least {n} tokens (by its length in bytes)" if at_least else f"{n} tokens"
+    return ContextLengthExceededError(
+        f"the prompt is {size}, but model {target.model_id!r} has a context of {slot} tokens per "
+        f"request ({shared}), and a prompt must leave room for at least one generated token; shorten "
+        f"the prompt, or give each request more context: raise ctx_size or lower parallel "
+        f"(model_overrides[{target.model_id!r}] in settings.json)",
+        param=param or ("messages" if route == "chat" else "prompt"),
     )
 
 

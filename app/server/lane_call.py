@@ -62,7 +62,7 @@ async def call_lane(
 ) -> web.Response:
     gw = request.app[GATEWAY]
     request[MODEL] = model
-    to = gw.resolve(model, capability)
+    to = await gw.resolve(model, capability)
     request[MODEL] = to.model
     if to.remote is not None:
         body, content_type = await renamed_body(to.remote, body, content_type)

@@ -1,7 +1,8 @@
 """Request limits: body size and read time, concurrent requests per client, prompt length.
 
 The middleware runs innermost (after the auth middleware has named the client): it refuses a body over
-`max_body_mib` (413), a client already running `max_concurrent_per_client` requests (429 with
+`max_body_mib` (413), a compressed body or one of a media type the route does not read (415, see
+app/server/request_input.py), a client already running `max_concurrent_per_client` requests (429 with
 Retry-After), and a body that has not fully arrived within `body_timeout_s` (408). Idle connections and
 request heads that never complete are closed by aiohttp itself after `idle_timeout_s` (see `serve`).
 
@@ -25,6 +26,8 @@ from app.core.errors import (
     TooManyRequestsError,
 )
 from app.core.settings import Settings
+from app.server.auth import is_admin_path
+from app.server.request_input import check_body_headers
 from app.server.request_keys import CLIENT
 from app.server.surface import surface_of
 
@@ -32,6 +35,9 @@ log = logging.getLogger("switchyard.limits")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MIB = 1024 * 1024
 RETRY_AFTER_S = 1
+# aiohttp would inflate gzip/deflate bodies inside its parser, where junk (or a truncated stream) drops
+# the connection without an answer; bodies arrive as sent and a coded one is refused (request_input.py)
+HANDLER_ARGS = {"auto_decompress": False}
 
 
 def error_response(
@@ -57,6 +63,11 @@ def middleware(settings: Settings) -> Middleware:
     async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.content_length is not None and request.content_length > max_body:
             return error_response(request, too_large())  # aiohttp reads the rest away, then closes
+        if request.body_exists:
+            try:  # a coded body, or one the route would not read as JSON: refused before it is read
+                check_body_headers(request, strict=is_admin_path(request.path))
+            except SwitchyardError as exc_h:
+                return error_response(request, exc_h)
         client = str(request.get(CLIENT, "-"))
         counted = per_client > 0 and request.method == "POST"
         if counted:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from app.core.errors import RequestTooLargeError, SwitchyardError
+from app.core.errors import BadRequestError, RequestTooLargeError, SwitchyardError
 from app.server.metrics import CLIENT_CLOSED, SENT_STATUS
 from app.server.request_keys import CLIENT, MODEL
 from app.server.surface import surface_of
@@ -56,10 +58,45 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except Exception as exc:
+        fault = client_fault(exc)
+        if fault is not None:
+            logging.getLogger("switchyard").info(
+                "refused %s %s: %s", request.method, request.path, fault.message
+            )
+            return surface_of(request).error_response(fault)
         logging.getLogger("switchyard").exception("unhandled error on %s %s", request.method, request.path)
         return surface_of(request).error_response(
             SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
         )
+
+
+# where decoding what the client sent happens: an error raised through one of these is the client's input
+_READERS = (
+    "/aiohttp/web_request.py",
+    "/aiohttp/multipart.py",
+    "/aiohttp/helpers.py",
+    "/yarl/",
+    "/multidict/",
+    "/email/",
+    "/app/server/request_input.py",
+    "/app/server/validate.py",
+    "/app/server/multipart.py",
+)
+_DECODING = (ValueError, UnicodeError, RecursionError, OverflowError, LookupError)
+
+
+def client_fault(exc: Exception) -> BadRequestError | None:
+    """A 400 for an error that hostile input caused, or None for a bug of ours (which stays a 500).
+
+    Deliberately narrow: a decoding error counts only when it was raised while reading the request
+    (a frame of _READERS on its way up), and an OS error only when a name was too long for the disk."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        return BadRequestError(f"a name in the request is longer than the file system allows: {exc.strerror}")
+    if isinstance(exc, _DECODING) and not isinstance(exc, OSError):
+        files = [f.filename.replace("\\", "/") for f in traceback.extract_tb(exc.__traceback__)]
+        if any(marker in name for name in files for marker in _READERS):
+            return BadRequestError(f"the request could not be read: {type(exc).__name__}: {str(exc)[:300]}")
+    return None
 
 
 @web.middleware
@@ -86,41 +123,72 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 def normalize_origin(origin: str) -> str:
-    """scheme://host[:port] in lower case, without a default port or trailing slash."""
-    parts = urlsplit(origin.strip().lower())
-    netloc = parts.netloc
-    default = {"http": ":80", "https": ":443"}.get(parts.scheme)
-    if default and netloc.endswith(default):
-        netloc = netloc[: -len(default)]
-    return f"{parts.scheme}://{netloc}"
+    """scheme://host[:port] in lower case, without a default port or trailing slash ('' when it is no
+    origin: a bad port, user info, a path)."""
+    try:
+        parts = urlsplit(origin.strip().lower())
+        port = parts.port  # reading it checks it: 'http://a:99999' and 'http://a:x' are no origins
+    except ValueError:
+        return ""
+    if parts.username is not None or parts.path not in ("", "/") or parts.query or not parts.hostname:
+        return ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return f"{parts.scheme}://{host}" if port in (None, default) else f"{parts.scheme}://{host}:{port}"
+
+
+def own_origins(request: web.Request, allowed_hosts: set[str]) -> set[str]:
+    """The origins of this server as a browser names them: our scheme, each allowed host name, and the
+    port this connection reached. Another port on the same host is another site (another program)."""
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    port = int(sock[1]) if isinstance(sock, tuple) and len(sock) >= 2 else None
+    if port is None:
+        return set()
+    suffix = "" if (request.scheme, port) in (("http", 80), ("https", 443)) else f":{port}"
+    return {f"{request.scheme}://{name}{suffix}" for name in allowed_hosts}
+
+
+def _host_name(host: str) -> str:
+    return host.rsplit(":", 1)[0] if not host.endswith("]") else host
 
 
 def host_guard(allowed_hosts: set[str], *, origins: frozenset[str] = frozenset()) -> Middleware:
-    """Refuse requests whose Host is not ours (DNS rebinding) or whose Origin is a foreign site.
+    """Refuse requests whose Host is not ours (DNS rebinding) or that come from another site's page.
 
-    `origins` (normalized, from the cors_origins setting) may call from any host name."""
+    The same-site rule: an Origin is ours only when scheme://host:port is exactly this server (one of
+    `allowed_hosts`, on the port the connection reached) or is listed in `origins` (normalized, from the
+    cors_origins setting); http://localhost:3000 calling us on :8686 is foreign. A browser's
+    `Sec-Fetch-Site: cross-site|same-site` without such an Origin is refused too (no-cors requests)."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = (request.host or "").lower()
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if name not in allowed_hosts:
+        # read the header itself: aiohttp's request.host falls back to this machine's name without one
+        sent = request.headers.get("Host")
+        host = (sent or "").strip().lower()
+        if not host or _host_name(host) not in allowed_hosts:
+            shown = repr(host) if sent is not None else "(no Host header)"
             return error_response(
                 403,
-                f"Host {host!r} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
+                f"Host {shown} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
                 "the name to allowed_hosts in settings.json",
                 type_="permission_error",
                 code="host_not_allowed",
             )
         origin = request.headers.get("Origin")
-        if (
-            origin
-            and (urlsplit(origin).hostname or "").lower() not in allowed_hosts
-            and normalize_origin(origin) not in origins
-        ):
+        if origin is not None:
+            ours = normalize_origin(origin)
+            if not ours or (ours not in origins and ours not in own_origins(request, allowed_hosts)):
+                return error_response(
+                    403,
+                    f"Origin {origin[:200]!r} is not allowed to call this server (only its own origin, "
+                    "scheme, host and port, is); list it in cors_origins",
+                    type_="permission_error",
+                    code="origin_not_allowed",
+                )
+        elif request.headers.get("Sec-Fetch-Site", "").lower() in ("cross-site", "same-site"):
             return error_response(
                 403,
-                f"Origin {origin!r} is not allowed to call this server; list it in cors_origins",
+                "a page of another site may not call this server; list its origin in cors_origins",
                 type_="permission_error",
                 code="origin_not_allowed",
             )

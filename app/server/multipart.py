@@ -8,6 +8,7 @@ keep their text.
 
 from __future__ import annotations
 
+import codecs
 import email.parser
 import email.policy
 from dataclasses import dataclass
@@ -44,10 +45,18 @@ def _read(raw: bytes, content_type: str) -> list[FormPart] | None:
                 data=payload,
                 filename=part.get_filename(),
                 content_type=str(part["content-type"]) if part["content-type"] else None,
-                charset=part.get_content_charset() or "utf-8",
+                charset=_charset(part.get_content_charset()),
             )
         )
     return out
+
+
+def _charset(name: str | None) -> str:
+    """The part's charset when Python knows it; utf-8 otherwise (text is decoded with errors replaced)."""
+    try:
+        return codecs.lookup(name).name if name else "utf-8"
+    except (LookupError, ValueError):
+        return "utf-8"
 
 
 def form_parts(raw: bytes, content_type: str) -> list[FormPart]:

@@ -3,8 +3,10 @@
 The body is checked (app/server/validate.py), the model resolved and its lane held through the gateway,
 then the engine's answer is relayed unbuffered (app/server/relay.py). One rewrite: a named tool_choice
 becomes the form llama.cpp enforces (pin_named_tool_choice); a remote model's body carries the remote's
-name for it. A stream whose model is still loading hears SSE comment lines with the phase; once its
-headers are out, a failure is a `data: {error envelope}` event.
+name for it. A non-streamed chat or completion for a local llama.cpp engine is asked of it as a stream and
+answered whole (app/server/whole.py): a client that leaves then stops the engine's work. A stream whose
+model is still loading hears SSE comment lines with the phase; once its headers are out, a failure is a
+`data: {error envelope}` event.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
     body = parse_body(raw)
     request[MODEL] = check(body, route)
     gw = request.app[GATEWAY]
-    to = gw.resolve(request[MODEL], _CAPABILITY_FOR_ROUTE.get(route, route))
+    to = await gw.resolve(request[MODEL], _CAPABILITY_FOR_ROUTE.get(route, route))
     request[MODEL] = to.model
     if route == "chat" and (pinned := pin_named_tool_choice(body)) is not None:
         body, raw = pinned, json.dumps(pinned).encode()  # llama.cpp would drop a named tool_choice
@@ -69,6 +71,12 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
             )
             if stream and gw.can_relay_raw(target) and request.version == aiohttp.HttpVersion11:
                 return await _relay_local(request, gw, target, path, raw, resp)
+            if not stream and gw.answers_whole(target, route, body):
+                # asked as a stream: an engine stops a stream whose client went away, not a whole answer
+                data = await gw.whole(target, path, body, route=route)
+                if (usage := usage_from(data)) is not None:
+                    request[USAGE] = usage
+                return web.Response(body=data, content_type="application/json")
             # a local engine gets the client's bytes untouched; a remote, the body with its own model name
             upstream = await gw.post(target, path, raw if to.remote is None else body, stream=stream)
             if "text/event-stream" in upstream.headers.get("Content-Type", ""):

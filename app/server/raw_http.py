@@ -10,13 +10,20 @@ handed to a sink as it comes. Only plain-HTTP loopback targets use it; remotes g
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 HEAD_LIMIT = 64 * 1024
 CONNECT_TIMEOUT_S = 10.0
 Sink = Callable[[bytes], None]
+
+
+class Progress(Protocol):
+    """Where the time of the engine's last byte is marked (a lane's, app/lanes/lane.py)."""
+
+    at: float
 
 
 class UpstreamClosed(ConnectionError):
@@ -28,7 +35,8 @@ class RawUpstream(asyncio.Protocol):
     sink attached with `attach` (what arrived before it is replayed); `done` resolves when the connection
     ends, to None or the error that ended it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, progress: Progress | None = None) -> None:
+        self.progress = progress
         self.head: asyncio.Future[tuple[int, dict[str, str]]] = loop.create_future()
         self.done: asyncio.Future[BaseException | None] = loop.create_future()
         self.transport: asyncio.Transport | None = None
@@ -40,6 +48,8 @@ class RawUpstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
     def data_received(self, data: bytes) -> None:
+        if self.progress is not None:  # the engine is alive: what a stalled request's watchdog asks
+            self.progress.at = time.monotonic()
         if self._sink is not None:
             self._sink(data)
             return
@@ -110,8 +120,11 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return status, headers
 
 
-async def open_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> RawUpstream:
-    """Connect to `url`'s host, send the POST, and return the protocol once the answer's head arrived.
+async def open_post(
+    url: str, path: str, body: bytes, headers: dict[str, str], *, progress: Progress | None = None
+) -> RawUpstream:
+    """Connect to `url`'s host, send the POST, and return the protocol once the answer's head arrived
+    (`progress`: marked at each byte received).
 
     Raises OSError (or TimeoutError) when nothing answers there, UpstreamClosed when the connection ends
     before a head."""
@@ -119,7 +132,7 @@ async def open_post(url: str, path: str, body: bytes, headers: dict[str, str]) -
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
-        _, proto = await loop.create_connection(lambda: RawUpstream(loop), host, port)
+        _, proto = await loop.create_connection(lambda: RawUpstream(loop, progress=progress), host, port)
     lines = [
         f"POST {path} HTTP/1.1",
         f"Host: {host}:{port}",

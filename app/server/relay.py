@@ -19,7 +19,9 @@ import aiohttp
 from aiohttp import web
 
 from app.chat.deltas import StreamReader, StreamRefusal
+from app.core.errors import SwitchyardError
 from app.lanes.target import Target
+from app.server.engine_wait import engine_wait
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
 from app.server.raw_http import ChunkFrames, ChunkPayload, RawUpstream
 from app.server.translation import Translation
@@ -70,12 +72,12 @@ async def _pump(
     content = upstream.content
     try:
         # the first piece is read apart so the loop pays nothing for the time-to-first-byte stamp
-        if last := await content.readany():
+        if last := await engine_wait(target, content.readany()):
             await resp.write(last)
             request[FIRST_BYTE] = time.perf_counter()
             if last.endswith(_DONE):
                 _mark_sent(request, resp, last)
-        while chunk := await content.readany():
+        while chunk := await engine_wait(target, content.readany()):
             await resp.write(chunk)
             prev, last = last, chunk  # the usage is in the last events: keep two pieces, parse none
             if chunk.endswith(_DONE):
@@ -85,9 +87,10 @@ async def _pump(
     except _RESETS:
         log.info("client went away mid-stream; closing the upstream request")
         return resp
-    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
-        await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
-        err = target.broken(exc)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError, SwitchyardError) as exc:
+        if not isinstance(exc, SwitchyardError):
+            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+        err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
         try:
             await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
         except _RESETS:
@@ -212,13 +215,14 @@ async def relay_raw(
         proto.done.add_done_callback(pump.lost)
         proto.attach(pump.feed)
         try:
-            await pump.finished
+            await engine_wait(target, pump.finished)
         except _RESETS:
             log.info("client went away mid-stream; closing the upstream request")
             return resp
-        except OSError as exc:
-            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
-            err = target.broken(exc)
+        except (OSError, SwitchyardError) as exc:
+            if not isinstance(exc, SwitchyardError):
+                await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+            err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
             with contextlib.suppress(*_RESETS):
                 await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
             return resp
@@ -292,7 +296,7 @@ async def translate_raw(request: web.Request, proto: RawUpstream, target: Target
         proto.done.add_done_callback(pump.lost)
         proto.attach(pump.feed)
         try:
-            await pump.finished
+            await engine_wait(target, pump.finished)
         except StreamRefusal as exc:
             raise target.refused(500, exc.payload) from None
         except _RESETS:

@@ -10,11 +10,11 @@ import json
 from aiohttp import web
 
 from app import __version__
-from app.core.errors import BadRequestError
 from app.core.pins import load_pins
 from app.explain import explain
 from app.hardware.probe import read_memory
 from app.server.keys import RUNTIME
+from app.server.request_input import query_int
 from app.server.request_keys import MODEL
 
 routes = web.RouteTableDef()
@@ -68,10 +68,8 @@ async def lanes(request: web.Request) -> web.Response:
 @routes.get("/api/lanes/{lane_id:.+}/logs")
 async def lane_logs(request: web.Request) -> web.Response:
     lane = request.app[RUNTIME].supervisor.get_lane(request.match_info["lane_id"])
-    raw = request.query.get("lines", "200")
-    if not raw.isdigit():
-        raise BadRequestError("'lines' must be a non-negative integer", param="lines")
-    return web.json_response({"lane": lane.id, "lines": lane.ring.tail(int(raw))})
+    lines = query_int(request, "lines", default=200, high=1_000_000)
+    return web.json_response({"lane": lane.id, "lines": lane.ring.tail(lines)})
 
 
 @routes.get("/api/lanes/{lane_id:.+}")

@@ -57,7 +57,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     call = _parse(await request.read(), for_count=True)
     gw = request.app[GATEWAY]
     request[MODEL] = call.model
-    to = gw.resolve(call.model, "chat")
+    to = await gw.resolve(call.model, "chat")
     request[MODEL] = to.model
     async with gw.hold(to) as target:
         await gw.check(target, call.openai, route="count_tokens", body_bytes=0, has_images=call.has_images)

@@ -12,13 +12,13 @@ import dataclasses
 
 from aiohttp import web
 
-from app.core.errors import BadRequestError
 from app.core.pins import load_pins
 from app.hardware.probe import read_memory
 from app.hub.api import SearchQuery
 from app.hub.browse import Hub
 from app.remote_fit import fit_detail
 from app.server.keys import RUNTIME
+from app.server.request_input import query_flag, query_int
 
 HUB: web.AppKey[Hub] = web.AppKey("hub", Hub)
 routes = web.RouteTableDef()
@@ -32,21 +32,11 @@ def setup(app: web.Application) -> None:
 
 
 def _int(request: web.Request, name: str, default: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit():
-        raise BadRequestError(f"{name!r} must be a positive integer, got {raw!r}", param=name)
-    return int(raw)
+    return query_int(request, name, default=default, low=1, high=10_000)
 
 
 def _flag(request: web.Request, name: str, default: bool) -> bool:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-        raise BadRequestError(f"{name!r} must be true or false, got {raw!r}", param=name)
-    return raw.lower() in ("1", "true", "yes")
+    return query_flag(request, name, default=default)
 
 
 @routes.get("/api/hub/status")

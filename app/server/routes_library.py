@@ -12,14 +12,16 @@ from pathlib import Path
 
 from aiohttp import web
 
-from app.core.errors import BadRequestError, MalformedJSONError, ModelInUseError, ModelNotFoundError
+from app.core.errors import BadRequestError, ModelInUseError, ModelNotFoundError
 from app.lanes.lane import LaneState
 from app.library.importer import import_model
 from app.library.listing import listing
 from app.library.remove import remove_model
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
+from app.server.request_input import path_text, query_flag
 from app.server.request_keys import MODEL
+from app.server.validate import parse_body
 
 routes = web.RouteTableDef()
 _LOADED = (LaneState.STARTING, LaneState.READY, LaneState.STOPPING)
@@ -51,14 +53,12 @@ async def library_list(request: web.Request) -> web.Response:
 async def library_import(request: web.Request) -> web.Response:
     """Import a local model file or folder: `{"path", "link": false, "name": null}`; copied unless `link`"""
     rt = request.app[RUNTIME]
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise MalformedJSONError('the body is not valid JSON; send {"path": "/a/model.gguf"}') from exc
-    if not isinstance(body, dict) or not isinstance(body.get("path"), str) or not body["path"]:
+    body = parse_body(await request.read())
+    if not isinstance(body.get("path"), str) or not body["path"]:
         raise BadRequestError(
             "send a JSON object with 'path' (a model file or folder on this machine)", param="path"
         )
+    path_text(body, "path")
     link, name = body.get("link", False), body.get("name")
     if not isinstance(link, bool) or not (name is None or isinstance(name, str)):
         raise BadRequestError("'link' must be true or false and 'name' a string", param="link")
@@ -87,9 +87,7 @@ async def library_remove(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     model_id = request.match_info["model_id"]
     request[MODEL] = model_id
-    raw = request.query.get("delete_files", "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise BadRequestError("'delete_files' must be true or false", param="delete_files")
+    delete_files = query_flag(request, "delete_files", default=False)
     entry = rt.catalog.get(model_id, allow_broken=True)
     for lane in rt.supervisor.lanes.values():
         if lane.model_id == entry.id and (lane.state in _LOADED or lane.in_flight > 0):
@@ -104,6 +102,6 @@ async def library_remove(request: web.Request) -> web.Response:
         catalog=rt.catalog,
         library=rt.library,
         imported_root=rt.paths.imported,
-        delete_files=raw in ("true", "1"),
+        delete_files=delete_files,
     )
     return web.json_response(done.public())

@@ -207,7 +207,7 @@ async def _load_or_unload(request: web.Request, model: str, call: OllamaCall, ki
     """An empty prompt loads the model (or, with keep_alive 0, unloads it), as Ollama does; a remote's
     models are the remote's to load."""
     gw = request.app[GATEWAY]
-    to = gw.resolve(model, "chat")
+    to = await gw.resolve(model, "chat")
     sup = request.app[RUNTIME].supervisor
     if to.remote is not None:
         reason = "load"
@@ -232,7 +232,7 @@ async def _embed_vectors(
 ) -> tuple[list[list[float]], int | None, float]:
     """(vectors in input order, prompt tokens, seconds spent waiting for the lane)."""
     gw = request.app[GATEWAY]
-    to = gw.resolve(model, "embeddings")
+    to = await gw.resolve(model, "embeddings")
     body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
     if not normalize:
         body["embd_normalize"] = -1  # llama.cpp: raw vectors, as Ollama's legacy endpoint returns
@@ -286,7 +286,8 @@ async def _embeddings(request: web.Request) -> web.StreamResponse:
     if prompt is not None and not isinstance(prompt, str):
         raise BadRequestError("field 'prompt' must be a string", param="prompt")
     model = request[MODEL] = model_id_for(request, name)
-    request.app[GATEWAY].resolve(model, "embeddings")  # a chat model is refused even for an empty prompt
+    # a chat model is refused even for an empty prompt
+    await request.app[GATEWAY].resolve(model, "embeddings")
     if not prompt:
         return web.json_response({"embedding": []})
     vectors, _, _ = await _embed_vectors(request, model, [prompt], normalize=False)

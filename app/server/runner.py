@@ -49,7 +49,7 @@ class Call:
 async def run(request: web.Request, surface: Surface, call: Call, tr: Translation) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     request[MODEL] = call.model
-    to = gw.resolve(call.model, call.capability)
+    to = await gw.resolve(call.model, call.capability)
     request[MODEL] = to.model
     resp: web.StreamResponse | None = None
     if call.stream and gw.needs_start(to):

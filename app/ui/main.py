@@ -32,9 +32,12 @@ async def gui_main(app: QApplication, paths: Paths, settings: Settings) -> int:
     from app.ui.desktop import Desktop
 
     async with Desktop(paths, settings, qapp=app) as desk:
-        # Ctrl-C in a terminal and SIGTERM at logout quit cleanly (every lane stopped). Python runs signal
-        # handlers only between bytecodes, so a timer wakes the interpreter while Qt sits idle.
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # Ctrl-C in a terminal, SIGTERM at logout and SIGHUP from a closed terminal quit cleanly (every lane
+        # stopped). Python runs signal handlers only between bytecodes, so a timer wakes the interpreter
+        # while Qt sits idle.
+        from app.server.app import stop_signals
+
+        for sig in stop_signals():
             signal.signal(sig, lambda *_: desk.quit())
         wake = QTimer()
         wake.timeout.connect(lambda: None)

@@ -7,10 +7,7 @@ download and the window keeps working.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
-import os
 
 from aiohttp import web
 
@@ -18,8 +15,8 @@ from app.core.errors import PortInUseError, SettingsError
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
 from app.runtime import Runtime
-from app.server import auth
-from app.server.app import make_app, who_holds
+from app.server import auth, tls
+from app.server.app import forget_server, make_app, record_server, server_urls, who_holds
 
 
 class ServerControl:
@@ -38,6 +35,7 @@ class ServerControl:
         self.url: str | None = None
         self.error: str | None = None
         self.port: int | None = None  # chosen on the Server page; None: the settings' port
+        self.tls: tls.TlsMaterial | None = None  # the certificate served while running with TLS
 
     @property
     def running(self) -> bool:
@@ -58,8 +56,10 @@ class ServerControl:
             )
             self._publish()
             raise SettingsError(self.error)
+        material = self._tls()
         want = s.port if self.port is None else self.port
-        site = web.TCPSite(self.runner, s.host, want, reuse_address=False)
+        ctx = tls.server_context(material) if material is not None else None
+        site = web.TCPSite(self.runner, s.host, want, reuse_address=False, ssl_context=ctx)
         try:
             await site.start()
         except OSError as exc:
@@ -75,24 +75,31 @@ class ServerControl:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         port = int(sockets[0].getsockname()[1]) if sockets else want
-        shown = f"[{s.host}]" if ":" in s.host else s.host
-        dial = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(s.host, shown)
-        self._site, self.url, self.error = site, f"http://{dial}:{port}", None
-        self.paths.server_file.write_text(
-            json.dumps({"url": self.url, "host": s.host, "port": port, "pid": os.getpid()})
-        )
+        _, dial = server_urls(s.host, port, scheme="https" if material else "http")
+        self._site, self.url, self.error, self.tls = site, dial, None, material
+        record_server(self.paths, dial=dial, host=s.host, port=port, material=material)
         self._publish()
         return self.url
+
+    def _tls(self) -> tls.TlsMaterial | None:
+        """A network bind serves HTTPS (the window has no --tls flag to forget) unless allow_plain_lan is
+        set; settings that name a certificate turn it on everywhere."""
+        s = self.runtime.settings
+        lan = not auth.is_loopback(s.host) and not s.allow_plain_lan
+        try:
+            return tls.material_for(s, self.paths, use_tls=tls.wanted(s, asked=lan))
+        except SettingsError as exc:
+            self.error = exc.message
+            self._publish()
+            raise
 
     async def stop(self) -> None:
         site, self._site = self._site, None
         if site is None:
             return
         await site.stop()
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            if json.loads(self.paths.server_file.read_text()).get("pid") == os.getpid():
-                self.paths.server_file.unlink()
-        self.url = None
+        forget_server(self.paths)
+        self.url, self.tls = None, None
         self._publish()
 
     async def close(self) -> None:
@@ -101,4 +108,7 @@ class ServerControl:
         await self.runner.cleanup()
 
     def _publish(self) -> None:
-        self.runtime.bus.publish("server.state", running=self.running, url=self.url, error=self.error)
+        fp = self.tls.fingerprint if self.tls is not None else None
+        self.runtime.bus.publish(
+            "server.state", running=self.running, url=self.url, error=self.error, fingerprint=fp
+        )

@@ -4,7 +4,6 @@ live request log from `request.done` events."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -53,7 +52,12 @@ class ServerPage(Page):
         self.port.setMinimumWidth(140)
         self.port_btn = QPushButton("Use this port")
         self.port_btn.clicked.connect(lambda: self.apply_port(self.port.value()))
-        self.lan = QCheckBox("Allow access from the local network (needs an API key)")
+        # the certificate's fingerprint, for a LAN client to check before it trusts the certificate
+        self.fingerprint = QLineEdit()
+        self.fingerprint.setReadOnly(True)
+        self.copy_fp = QPushButton("Copy fingerprint")
+        self.copy_fp.clicked.connect(self.copy_fingerprint)
+        self.lan = QCheckBox("Allow access from the local network (needs an API key; served over HTTPS)")
         self.lan.setChecked(not auth.is_loopback(desk.runtime.settings.host))
         self.lan.clicked.connect(self.set_lan)
         grid.addWidget(QLabel("State"), 0, 0)
@@ -68,7 +72,10 @@ class ServerPage(Page):
         port_row.addWidget(self.port_btn)
         port_row.addStretch(1)
         grid.addLayout(port_row, 2, 1, 1, 3)
-        grid.addWidget(self.lan, 3, 0, 1, 4)
+        grid.addWidget(QLabel("TLS (SHA-256)"), 3, 0)
+        grid.addWidget(self.fingerprint, 3, 1, 1, 2)
+        grid.addWidget(self.copy_fp, 3, 3)
+        grid.addWidget(self.lan, 4, 0, 1, 4)
         grid.setColumnStretch(1, 1)
         self.root.addLayout(grid)
         self.root.addWidget(self.status)
@@ -126,9 +133,16 @@ class ServerPage(Page):
         base = f"{srv.url}/v1" if srv.url else ""
         self.address.setText(base or "(not listening)")
         self.copy.setEnabled(bool(base))
+        material = srv.tls if srv.running else None
+        self.fingerprint.setText(material.fingerprint if material else "(plain HTTP: no certificate)")
+        self.fingerprint.setToolTip(str(material.cert) if material else "")
+        self.copy_fp.setEnabled(material is not None)
         url = base or f"http://127.0.0.1:{self.desk.runtime.settings.port}/v1"
         model = (self.desk.runtime.catalog.ids() or ["MODEL"])[0]
-        self.snippet.setPlainText(_snippets(url, model))
+        text = _snippets(url, model)
+        if material is not None:
+            text = _tls_note(str(material.cert), material.fingerprint) + text
+        self.snippet.setPlainText(text)
 
     def start_stop(self) -> asyncio.Task[Any]:
         srv = self.desk.server
@@ -156,6 +170,10 @@ class ServerPage(Page):
     def copy_url(self) -> None:
         if self.desk.server.url:
             QGuiApplication.clipboard().setText(self.desk.server.url + "/v1")
+
+    def copy_fingerprint(self) -> None:
+        if self.desk.server.tls is not None:
+            QGuiApplication.clipboard().setText(self.desk.server.tls.fingerprint)
 
     def set_lan(self, on: bool) -> None:
         """Refused without a key; saved to settings.json and applied when Switchyard next starts."""
@@ -263,18 +281,19 @@ models:
 """
 
 
+def _tls_note(cert: str, fingerprint: str) -> str:
+    return f"""# HTTPS with the certificate {cert}
+# SHA-256 fingerprint {fingerprint}
+# copy the certificate to the client and trust it there, e.g. for the openai client:
+#   import httpx, ssl
+#   client = OpenAI(..., http_client=httpx.Client(verify=ssl.create_default_context(cafile="cert.pem")))
+#   curl --cacert cert.pem ...
+
+"""
+
+
 def _save_setting(path: Any, key: str, value: Any) -> None:
     """Change one key of settings.json, keeping every other key; a malformed file is left untouched."""
-    from app.core.settings import settings_from_mapping
+    from app.core.settings_file import set_settings
 
-    raw: dict[str, Any] = {}
-    if path.exists():
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise SettingsError(f"{path} is not valid JSON; fix it first (it was left untouched)") from exc
-    raw[key] = value
-    settings_from_mapping(raw, origin=str(path))  # refuse what the server would refuse
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(raw, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    set_settings(path, {key: value})  # under the file's lock, into the file as it is now (STORES, issue 21)

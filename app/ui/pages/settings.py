@@ -6,7 +6,6 @@ settings at start, so changes apply on the next start, which the page says."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from PySide6.QtWidgets import (
 
 from app.core.errors import SettingsError
 from app.core.secrets import Secret
-from app.core.settings import load_settings, settings_from_mapping
+from app.core.settings_file import set_settings
 from app.ui import autostart
 from app.ui.pages import Page
 
@@ -109,6 +108,7 @@ class SettingsPage(Page):
         self.root.addWidget(self.token_state)
         self.root.addWidget(self.status)
         self.root.addStretch(1)
+        self._shown = self.values()  # what the page showed: only what differs from it is saved
 
     def values(self) -> dict[str, Any]:
         dirs = [d.strip() for d in self.models_dirs.text().split(";") if d.strip()]
@@ -126,17 +126,15 @@ class SettingsPage(Page):
         """Merge into settings.json; a value the server would refuse is refused here, with its reason."""
         self.clear_report()
         path: Path = self.desk.paths.settings_file
+        values = self.values()
+        changed = {k: v for k, v in values.items() if v != self._shown.get(k)}
         try:
-            load_settings(path)  # a malformed file is reported, never overwritten
-            raw = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-            raw.update(self.values())
-            settings_from_mapping(raw, origin="these settings")
+            # merged into the file as it is now, under its lock: keys changed elsewhere meanwhile are kept
+            set_settings(path, changed, origin="these settings")
         except SettingsError as exc:
             self.report(exc.message)
             return False
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(raw, indent=2), encoding="utf-8")
-        tmp.replace(path)
+        self._shown = values
         self.saved.setText("Saved. Quit and reopen Switchyard to apply.")
         return True
 

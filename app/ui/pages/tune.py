@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox
 
 from app.core.errors import SettingsError
-from app.core.pins import load_pins, save_pins
-from app.core.settings import KV_TYPES, load_settings, settings_from_mapping
+from app.core.pins import load_pins, set_pin
+from app.core.settings import KV_TYPES, load_settings
+from app.core.settings_file import update_settings
 from app.explain import explain, explain_pin
 from app.hardware.probe import read_memory
 from app.routing.engines import LANES
@@ -135,19 +135,16 @@ class TunePanel(QGroupBox):
 
     async def _pin(self, mid: str, lane: str | None) -> None:
         pins_file = self.desk.paths.pins_file
-        pins = load_pins(pins_file)
         if lane is not None:
             why = await asyncio.to_thread(
                 explain_pin, mid, lane, settings=self.desk.runtime.settings, paths=self.desk.paths
             )
             if why:
-                self.lane.setCurrentIndex(max(self.lane.findData(pins.get(mid)), 0))
+                self.lane.setCurrentIndex(max(self.lane.findData(load_pins(pins_file).get(mid)), 0))
                 self.verdict.setText(f"Not pinned to {lane}: {why}")
                 return
-            pins[mid] = lane
-        else:
-            pins.pop(mid, None)
-        save_pins(pins_file, pins)
+        # one pin changed under the file's lock: pins set meanwhile by the CLI or the server are kept
+        await asyncio.to_thread(set_pin, pins_file, mid, lane)
         self.verdict.setText(f"{mid} pinned to {lane}" if lane else f"{mid} is no longer pinned")
 
     def save(self) -> bool:
@@ -158,20 +155,19 @@ class TunePanel(QGroupBox):
         if fit is not None and not fit["fits"]:
             self.verdict.setText(f"Not saved: these settings do not fit. {_largest(fit)}")
             return False
-        path = self.desk.paths.settings_file
-        try:
-            load_settings(path)  # a malformed file is reported, never overwritten
-            raw = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        model, values = self.model, self.values()
+
+        def merge(raw: dict[str, Any]) -> None:
             over = dict(raw.get("model_overrides") or {})
-            over[self.model] = {**over.get(self.model, {}), **self.values()}
+            over[model] = {**over.get(model, {}), **values}
             raw["model_overrides"] = over
-            settings_from_mapping(raw, origin=str(path))
+
+        try:
+            # this model's entry merged into the file as it is now, under its lock (others' edits kept)
+            update_settings(self.desk.paths.settings_file, merge)
         except SettingsError as exc:
             self.verdict.setText(exc.message)
             return False
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(raw, indent=2), encoding="utf-8")
-        tmp.replace(path)
         self.verdict.setText(f"Saved for {self.model}; used the next time Switchyard starts.")
         return True
 

@@ -1,0 +1,258 @@
+"""Soak: 64 streams for 10 minutes against a real `switchyard serve`, with faults injected.
+
+Every worker loops over a mix of requests (OpenAI streamed and not, Anthropic streamed, two models so the
+lane swaps) and plays a client kind chosen per request: a normal one, one that hangs up mid-stream, or a slow
+reader. A fault task SIGKILLs the running engine every `--kill-every` seconds. Each request ends in one of:
+
+    ok        the answer came whole (a streamed one ends with its final event)
+    refused   a clean error: an error envelope with a code, or an in-stream error event
+    dropped   we hung up on purpose
+    FAILED    anything else: a 500 internal_error, a stream cut without an error, no answer in 120 s
+
+At the end the server is stopped with SIGTERM and no process of its tree may remain. The serve process's
+RSS is sampled each second; its median over the first minute after warm-up is compared with the median over
+the last minute (flat memory: a ratio near 1.0).
+
+    .venv/bin/python bench/soak.py                 # the full soak: 64 streams, 10 minutes
+    .venv/bin/python bench/soak.py --minutes 1     # a short run
+
+Exits 1 when a request FAILED or a process outlived the server: the soak is a check of behaviour under
+load, its figures (RSS, request counts) go into docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import Server
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = ("soak-a", "soak-b")
+REQUEST_DEADLINE_S = 120.0
+
+
+@dataclass
+class Tally:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    kills: int = 0
+    rss: list[tuple[float, int]] = field(default_factory=list)
+    seen_pids: set[int] = field(default_factory=set)
+
+    def fail(self, why: str) -> None:
+        self.outcomes["FAILED"] += 1
+        if len(self.failures) < 20:
+            self.failures.append(why)
+
+
+def write_models(models_dir: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests import tinymodels
+
+    for i, name in enumerate(MODELS):
+        spec = tinymodels.CHAT if i == 0 else tinymodels.MEDIUM
+        tinymodels.write_tiny_gguf(models_dir / f"{name}.gguf", spec)
+
+
+def _body(kind: str, model: str, *, stream: bool) -> tuple[str, dict[str, object]]:
+    tokens = random.choice((8, 24, 48))
+    if kind == "anthropic":
+        return "/v1/messages", {
+            "model": model,
+            "max_tokens": tokens,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        }
+    return "/v1/chat/completions", {
+        "model": model,
+        "max_tokens": tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    }
+
+
+def _error_code(payload: bytes) -> str | None:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("code") or err.get("type") or "") or None
+    return None
+
+
+def _stream_event_error(line: bytes) -> str | None:
+    """An in-stream error in OpenAI's (`data: {"error": ...}`) or Anthropic's (`event: error`) shape."""
+    if line.startswith(b"data: ") and b'"error"' in line:
+        return _error_code(line[6:]) or "stream_error"
+    return None
+
+
+async def one(http: aiohttp.ClientSession, url: str, t: Tally, *, client: str) -> None:
+    surface = random.choice(("openai", "openai", "anthropic"))
+    stream = client != "normal" or random.random() < 0.7
+    path, body = _body(surface, random.choice(MODELS), stream=stream)
+    async with http.post(url + path, json=body) as r:
+        if r.status >= 400:
+            payload = await r.read()
+            code = _error_code(payload)
+            if r.status == 500 and code in (None, "internal_error"):
+                t.fail(f"HTTP 500 on {path}: {payload[:200]!r}")
+            elif code is None:
+                t.fail(f"HTTP {r.status} without an error envelope on {path}: {payload[:200]!r}")
+            else:
+                t.outcomes["refused"] += 1
+                t.codes[code] += 1
+            return
+        if not stream:
+            doc = await r.json()
+            if "choices" in doc or "content" in doc:
+                t.outcomes["ok"] += 1
+            else:
+                t.fail(f"200 without an answer on {path}: {str(doc)[:200]}")
+            return
+        lines = 0
+        finished = False
+        async for raw in r.content:
+            line = raw.strip()
+            code = _stream_event_error(line) or ("stream_error" if line == b"event: error" else None)
+            if code:
+                t.outcomes["refused"] += 1
+                t.codes[code] += 1
+                return
+            if line in (b"data: [DONE]", b"event: message_stop"):
+                finished = True
+            lines += 1
+            if client == "dropper" and lines >= random.randint(2, 6):
+                t.outcomes["dropped"] += 1
+                return  # leaving the block closes the connection mid-stream
+            if client == "slow":
+                await asyncio.sleep(0.2)
+        if finished:
+            t.outcomes["ok"] += 1
+        else:
+            t.fail(f"stream on {path} ended after {lines} lines without a final or an error event")
+
+
+async def worker(http: aiohttp.ClientSession, url: str, t: Tally, until: float) -> None:
+    while time.monotonic() < until:
+        client = random.choices(("normal", "dropper", "slow"), weights=(7, 2, 1))[0]
+        try:
+            async with asyncio.timeout(REQUEST_DEADLINE_S):
+                await one(http, url, t, client=client)
+        except TimeoutError:
+            t.fail(f"no answer in {REQUEST_DEADLINE_S:.0f} s")
+        except aiohttp.ClientError as exc:
+            t.fail(f"{type(exc).__name__}: {exc}")
+
+
+async def killer(http: aiohttp.ClientSession, server: Server, t: Tally, until: float, every: float) -> None:
+    while time.monotonic() + every < until:
+        await asyncio.sleep(every)
+        async with http.get(server.url + "/api/lanes") as r:
+            lanes = (await r.json())["lanes"]
+        pids = [int(ln["pid"]) for ln in lanes if ln.get("pid")]
+        if pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(random.choice(pids), signal.SIGKILL)
+                t.kills += 1
+
+
+async def sampler(server: Server, t: Tally, until: float) -> None:
+    start = time.monotonic()
+    while time.monotonic() < until:
+        with contextlib.suppress(psutil.Error):
+            t.rss.append((time.monotonic() - start, server.ps.memory_info().rss))
+            for child in server.ps.children(recursive=True):
+                t.seen_pids.add(child.pid)
+        await asyncio.sleep(1.0)
+
+
+def survivors(pids: set[int]) -> list[str]:
+    left = []
+    for pid in sorted(pids):
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(p.cmdline())[:100]}")
+    return left
+
+
+async def soak(args: argparse.Namespace, server: Server) -> Tally:
+    t = Tally()
+    url = server.url
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=REQUEST_DEADLINE_S)
+    conn = aiohttp.TCPConnector(limit=args.streams * 2)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
+        until = time.monotonic() + args.minutes * 60
+        tasks = [asyncio.create_task(worker(http, url, t, until)) for _ in range(args.streams)]
+        tasks.append(asyncio.create_task(sampler(server, t, until)))
+        if args.kill_every > 0:
+            tasks.append(asyncio.create_task(killer(http, server, t, until, args.kill_every)))
+        await asyncio.gather(*tasks)
+    return t
+
+
+def rss_report(t: Tally) -> tuple[float, float, float]:
+    warm = [r for s, r in t.rss if 30 <= s < 90] or [r for _, r in t.rss[: len(t.rss) // 3]]
+    last = [r for s, r in t.rss if s >= t.rss[-1][0] - 60] if t.rss else []
+    a = statistics.median(warm) / 2**20 if warm else float("nan")
+    b = statistics.median(last) / 2**20 if last else float("nan")
+    return a, b, b / a if a else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--kill-every", type=float, default=30.0, help="seconds between engine kills (0: none)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        work = Path(tmp)
+        models = work / "models"
+        models.mkdir()
+        write_models(models)
+        server = Server(work / "home", models, parallel=4, threads=1, log_level="warning", slot_ctx=1024)
+        server.wait_ready()
+        t0 = time.monotonic()
+        try:
+            t = asyncio.run(soak(args, server))
+        finally:
+            code, _ = server.stop()
+        time.sleep(2)
+        left = survivors(t.seen_pids | {server.proc.pid})
+    total = sum(t.outcomes.values())
+    a, b, ratio = rss_report(t)
+    print(f"soak: {args.streams} streams, {(time.monotonic() - t0) / 60:.1f} min, {t.kills} engine kills")
+    print(f"requests: {total}  " + "  ".join(f"{k}={v}" for k, v in sorted(t.outcomes.items())))
+    print("refusal codes: " + ", ".join(f"{k}={v}" for k, v in t.codes.most_common()))
+    print(f"serve RSS: {a:.1f} MiB after warm-up, {b:.1f} MiB in the last minute (ratio {ratio:.2f})")
+    print(f"serve exit code {code}; processes left after stop: {len(left)}")
+    for line in left:
+        print("  left:", line)
+    for why in t.failures:
+        print("  FAILED:", why)
+    return 1 if t.outcomes["FAILED"] or left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
