@@ -242,32 +242,13 @@ def cmd_ps(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _local_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
-    from app.core.pins import load_pins
-    from app.explain import entry_for_path, explain
-    from app.hardware.probe import probe
+    from app.advice.explain import explain_local
 
-    settings = _settings(args, paths)
     # flags given to explain are about this model: they win over its model_overrides entry
     flags = {k: getattr(args, k) for k in ("ctx_size", "parallel", "kv_type", "gpu_layers")}
     flags = {k: v for k, v in flags.items() if v is not None}
-    if flags:
-        over = dict(settings.model_overrides)
-        over[args.model] = {**over.get(args.model, {}), **flags}
-        settings = settings.with_changes(model_overrides=over)
-    target = Path(args.model).expanduser()
-    from app.library.footprints import LibraryFootprints
-
-    library, catalog = cli_library.open_catalog(settings, paths)  # measured footprints live in library.db
-    try:
-        if target.exists():
-            entry = entry_for_path(target.resolve())
-        else:
-            entry = catalog.get(args.model, allow_broken=True)
-        recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
-    finally:
-        library.close()
-    hw = probe(bandwidth_cache=paths.hardware_cache)
-    return explain(entry, settings=settings, hardware=hw, pins=load_pins(paths.pins_file), recorded=recorded)
+    found = explain_local(args.model, settings=_settings(args, paths), paths=paths, overrides=flags)
+    return found.public()
 
 
 def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | None:
@@ -291,7 +272,7 @@ def _remote_explain(args: argparse.Namespace, paths: Paths) -> dict[str, Any] | 
 
 
 def cmd_explain(args: argparse.Namespace, paths: Paths) -> int:
-    from app.explain import render
+    from app.advice.explain import render
 
     doc = _remote_explain(args, paths) or _local_explain(args, paths)
     print(json.dumps(doc, indent=2) if args.json else render(doc))
@@ -299,25 +280,27 @@ def cmd_explain(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
-    from app.doctor import doctor, render_doctor, render_versions, versions
+    from app.advice.doctor import doctor, render_doctor, render_versions, versions
 
     if args.view == "versions":
         found = versions(settings=load_settings(paths.settings_file))
         print(json.dumps(found, indent=2) if args.json else render_versions(found))
         return 0
-    report = doctor(paths, settings=load_settings(paths.settings_file))
+    # remote lanes: asked of the running server, else checked from here
+    report = doctor(paths, settings=load_settings(paths.settings_file), remotes=cli_remote.doctor_rows(paths))
     print(json.dumps(report, indent=2) if args.json else render_doctor(report))
     return 1 if any(p["level"] == "error" for p in report["problems"]) else 0
 
 
 def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
-    from app.core.pins import load_pins, set_pin
-    from app.explain import explain_pin
+    from app.advice.explain import explain_pin
+    from app.core.pins import PinStore
 
-    pins = load_pins(paths.pins_file)
+    store = PinStore(paths.pins_file)
+    pins = store.all()
     paths.home.mkdir(parents=True, exist_ok=True)
     if args.clear:
-        removed = set_pin(paths.pins_file, args.model, None)  # locked: concurrent pins are all kept
+        removed = store.set(args.model, None)  # locked: concurrent pins are all kept
         print(f"unpinned {args.model}" if removed else f"{args.model} was not pinned")
         return 0
     if not args.lane:
@@ -331,7 +314,7 @@ def cmd_pin(args: argparse.Namespace, paths: Paths) -> int:
     refusal = explain_pin(args.model, args.lane, settings=settings, paths=paths)
     if refusal:
         raise SettingsError(f"cannot pin {args.model} to {args.lane}: {refusal}")
-    set_pin(paths.pins_file, args.model, args.lane)
+    store.set(args.model, args.lane)
     print(f"pinned {args.model} to {args.lane}; `switchyard explain` and the server's lane starts follow it")
     return 0
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.core.paths import Paths
+from app.core.units import fmt_bytes
+from app.hub.refs import split_ref
 
 SORT_CHOICES = ("downloads", "likes", "updated", "created", "trending")
 FORMAT_CHOICES = ("gguf", "mlx", "safetensors", "diffusers", "whisper", "piper")
@@ -82,14 +84,6 @@ def _count(n: int | None) -> str:
     return str(n)
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    return f"{n / (1 << 20):.1f} MiB"
-
-
 def cmd_search(args: argparse.Namespace, paths: Paths) -> int:
     from app.hub.api import SearchQuery
 
@@ -128,8 +122,8 @@ def cmd_search(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _verdict_cells(v: dict[str, Any] | None) -> tuple[str, str, str, str]:
+    from app.advice.hub_fit import VERDICT_WORDS
     from app.fit.plan import rate
-    from app.remote_fit import VERDICT_WORDS
 
     if v is None:
         return ("", "", "", "")
@@ -145,26 +139,17 @@ def _verdict_cells(v: dict[str, Any] | None) -> tuple[str, str, str, str]:
 
 
 def cmd_show(args: argparse.Namespace, paths: Paths) -> int:
-    repo, sep, quant = args.repo.partition(":")
-    if sep and quant:
+    repo, quant = split_ref(args.repo)
+    if quant:
         args.fit, args.quant = True, quant
     hub = _hub(paths)
     client = hub.client()
     detail = client.detail(repo, revision=args.revision)
     if args.fit:
-        from app.core.pins import load_pins
-        from app.hardware.probe import probe
-        from app.remote_fit import fit_detail
+        from app.advice.hub_fit import fit_detail
+        from app.advice.inputs import local_inputs
 
-        hw = probe(bandwidth_cache=paths.hardware_cache)
-        fit_detail(
-            detail,
-            reader=client.reader,
-            settings=hub.settings,
-            hardware=hw,
-            pins=load_pins(paths.pins_file),
-            only=args.quant,
-        )
+        fit_detail(detail, reader=client.reader, inputs=local_inputs(hub.settings, paths), only=args.quant)
     doc = detail.public()
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -179,7 +164,7 @@ def _render_show(doc: dict[str, Any], *, card: bool) -> None:
     print(f"  license: {doc['license'] or '-'}   gated: {gated.get(doc['gated'], str(doc['gated']))}")
     counts = f"downloads: {_count(doc['downloads'])}   likes: {_count(doc['likes'])}"
     print(f"  {counts}   updated: {(doc['last_modified'] or '-')[:19].replace('T', ' ')}")
-    print(f"  formats: {', '.join(doc['formats']) or '-'}   size: {_size(doc['size'])}")
+    print(f"  formats: {', '.join(doc['formats']) or '-'}   size: {fmt_bytes(doc['size'])}")
     if doc["tags"]:
         print("  tags: " + textwrap.shorten(", ".join(doc["tags"]), 100))
     fit = doc.get("fit") or {}
@@ -194,7 +179,7 @@ def _render_show(doc: dict[str, Any], *, card: bool) -> None:
             files = f"{len(q['files'])} part(s)" if q["parts"] > 1 else q["files"][0]["path"]
             if not q["complete"]:
                 files += f" (only {len(q['files'])} of {q['parts']} on the hub)"
-            row = [q["name"], _size(q["size"]), files]
+            row = [q["name"], fmt_bytes(q["size"]), files]
             if fit:
                 row += list(_verdict_cells(by_quant.get(q["name"])))
             rows.append(tuple(row))

@@ -14,16 +14,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app import cli_remote
 from app.core.errors import ModelInUseError, ServerNotRunningError, SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import Settings
+from app.core.units import fmt_bytes
 
-if TYPE_CHECKING:  # imported where used: the catalog pulls in numpy, which every other command skips
-    from app.library.catalog import Catalog
-    from app.library.store import Library
+# the catalog is imported where used (app.library.opening): it pulls in numpy, which other commands skip
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,24 +56,8 @@ def _models_dir_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def open_catalog(settings: Settings, paths: Paths) -> tuple[Library, Catalog]:
-    from app.hub.config import hub_config
-    from app.library.catalog import Catalog
-    from app.library.store import Library
-
-    library = Library.open(paths)
-    for notice in library.notices:
-        print(f"switchyard: warning: {notice}", file=sys.stderr)
-    dirs = settings.models_dirs or (paths.models,)
-    return library, Catalog(dirs, library=library, hf_cache=hub_config(settings).cache_dir)
-
-
 def _size(n: int) -> str:
-    if n <= 0:
-        return "-"
-    if n < 1 << 30:
-        return f"{n / 2**20:.1f} MiB"
-    return f"{n / 2**30:.2f} GiB"
+    return fmt_bytes(n) if n > 0 else "-"
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
@@ -85,6 +68,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
 
 def cmd_ls(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
     from app.library.listing import listing
+    from app.library.opening import open_catalog
 
     library, catalog = open_catalog(settings, paths)
     try:
@@ -126,6 +110,7 @@ def cmd_ls(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
 
 def cmd_import(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
     from app.library.importer import import_model
+    from app.library.opening import open_catalog
 
     library, catalog = open_catalog(settings, paths)
     try:
@@ -190,6 +175,8 @@ def cmd_rm(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
     if url is not None:
         done = _remote_rm(url, args.model, delete_files=args.delete_files, api_key=args.api_key)
     else:
+        from app.library.opening import open_catalog
+
         library, catalog = open_catalog(settings, paths)
         try:
             done = remove_model(

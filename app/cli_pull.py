@@ -27,6 +27,7 @@ from app.core.errors import ServerAuthError, SwitchyardError
 from app.core.paths import Paths
 from app.core.secrets import Secret
 from app.core.settings import Settings
+from app.hub.refs import split_ref
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -266,16 +267,16 @@ def _follow_remote(url: str, job: dict[str, Any], key: Secret | None) -> int:
 def cmd_pull(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
     from app import remote
 
-    repo, _, sel = args.ref.partition(":")
+    repo, sel = split_ref(args.ref)
     url = _running_server(args, paths)
     if url is not None:
         key = remote.api_key(args.api_key)
-        body = {"repo": repo, "revision": args.revision, "quant": sel or None}
+        body = {"repo": repo, "revision": args.revision, "quant": sel}
         job = _request(url, "/api/downloads", key=key, body=body)
         print(f"queued on the server at {url} as download {job['id']}", file=sys.stderr)
         return _follow_remote(url, job, key)
     try:
-        return asyncio.run(_pull_local(args, paths, settings, repo, sel or None))
+        return asyncio.run(_pull_local(args, paths, settings, repo, sel))
     except KeyboardInterrupt:
         print(f"{repo}: paused; run the same pull again to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -284,10 +285,10 @@ def cmd_pull(args: argparse.Namespace, paths: Paths, settings: Settings) -> int:
 def _repo_of(target: str, paths: Paths, settings: Settings) -> str:
     """The repository to update: the one a library model (`org/repo/file`, `org/repo:Q4_K_M`) was pulled
     from, or `owner/name` as given."""
-    from app import cli_library
     from app.core.errors import ModelNotFoundError
+    from app.library.opening import open_catalog
 
-    library, catalog = cli_library.open_catalog(settings, paths)
+    library, catalog = open_catalog(settings, paths)
     try:
         path = catalog.get(target, allow_broken=True).path
     except ModelNotFoundError:

@@ -193,8 +193,9 @@ def test_event_stream_carries_hardware_samples_and_lane_states(start_server: Any
 
 
 def test_explain_safetensors_on_an_nvidia_card_shows_engine_shares(tmp_path: Path) -> None:
+    from app.advice.explain import entry_for_path, explain, render
+    from app.advice.inputs import AdviceInputs
     from app.core.settings import Settings
-    from app.explain import entry_for_path, explain, render
     from tests.modelgen import LlamaDims, llama_tensors, write_hf_dir
     from tests.test_fit import machine, nvidia
 
@@ -202,7 +203,7 @@ def test_explain_safetensors_on_an_nvidia_card_shows_engine_shares(tmp_path: Pat
     folder = tmp_path / "tiny-hf"
     write_hf_dir(folder, dims.config(max_position_embeddings=4096), llama_tensors(dims))
     hw = machine(ram_gib=64, gpus=(nvidia(24564),))
-    doc = explain(entry_for_path(folder), settings=Settings(), hardware=hw, pins={})
+    doc = explain(entry_for_path(folder), inputs=AdviceInputs(Settings(), hw, pins={})).public()
     assert doc["format"] == "safetensors" and doc["fit"] is None
     shares = doc["gpu_shares"]
     assert set(shares) == {"vllm", "sglang"} and all(s["fits"] for s in shares.values())
@@ -212,7 +213,8 @@ def test_explain_safetensors_on_an_nvidia_card_shows_engine_shares(tmp_path: Pat
     vllm = {r["lane"]: r for r in doc["decision"]["rejections"]}["vllm"]
     assert vllm["kind"] == "not_installed"
     assert "memory on vllm: asks for" in render(doc)
-    cpu_only = explain(entry_for_path(folder), settings=Settings(), hardware=machine(ram_gib=64), pins={})
+    bare = AdviceInputs(Settings(), machine(ram_gib=64), pins={})
+    cpu_only = explain(entry_for_path(folder), inputs=bare).public()
     assert cpu_only["gpu_shares"] is None and "NVIDIA GPU" in cpu_only["fit_problem"]
 
 

@@ -22,7 +22,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from app.cli_library import open_catalog
 from app.core.errors import (
     BadRequestError,
     CachePathEscapeError,
@@ -41,6 +40,7 @@ from app.hub.transfer import TransferOptions
 from app.lanes.remote import MAX_LISTED, Remote
 from app.lanes.remote_store import RemoteSpec, SeenModel
 from app.library.importer import import_model
+from app.library.opening import open_catalog
 from tests.conftest import REPO as SRC
 from tests.fakehub import FakeHub, hostile_sibling
 

@@ -21,7 +21,7 @@ import pytest
 
 from app.core import statefile
 from app.core.events import EventBus
-from app.core.pins import load_pins
+from app.core.pins import PinStore
 from app.core.secrets import KeyStore, Secret
 from app.core.settings import Settings
 from app.core.settings_file import update_settings
@@ -235,13 +235,14 @@ def test_processes_adding_remotes_lose_none(tmp_path: Path) -> None:
 def test_processes_pinning_lose_no_pin(tmp_path: Path) -> None:
     pins = tmp_path / "pins.json"
     script = """
-        from app.core.pins import set_pin
+        from app.core.pins import PinStore
+        store = PinStore(Path(sys.argv[3]))
         for j in range(10):
-            set_pin(Path(sys.argv[3]), f"m{sys.argv[1]}-{j}", "llama.cpp")
-        set_pin(Path(sys.argv[3]), f"m{sys.argv[1]}-0", None)
+            store.set(f"m{sys.argv[1]}-{j}", "llama.cpp")
+        store.set(f"m{sys.argv[1]}-0", None)
     """
     _run_together(script, 4, tmp_path, str(pins))
-    assert load_pins(pins) == {f"m{i}-{j}": "llama.cpp" for i in range(4) for j in range(1, 10)}
+    assert PinStore(pins).all() == {f"m{i}-{j}": "llama.cpp" for i in range(4) for j in range(1, 10)}
 
 
 def test_settings_changes_from_threads_are_all_kept(tmp_path: Path) -> None:

@@ -269,7 +269,7 @@ def test_token_precedence(memory_keyring: MemoryKeyring, isolated_env: Path) -> 
     store.file.write_text("hf_fromfile\n")
     store.file.chmod(0o600)
     assert store.find().source == "file" and store.get().reveal() == "hf_fromfile"  # type: ignore[union-attr]
-    store._session = Secret("hf_session")
+    store.vault.hold("hf_token", Secret("hf_session"))
     assert store.find().source == "session"
     memory_keyring.set_password("switchyard", "hf_token", "hf_fromkeyring")
     assert store.find().source == "keyring" and store.get().reveal() == "hf_fromkeyring"  # type: ignore[union-attr]

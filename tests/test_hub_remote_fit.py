@@ -9,10 +9,12 @@ from pathlib import Path
 import gguf
 import pytest
 
+from app.advice.explain import explain
+from app.advice.hub_fit import fit_detail
+from app.advice.inputs import AdviceInputs
 from app.core.errors import RemoteHeaderError
 from app.core.paths import Paths
 from app.core.settings import Settings
-from app.explain import explain
 from app.formats.gguf_header import NeedMore, header_end
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.hardware.model import Hardware
@@ -22,7 +24,6 @@ from app.hub.remote import RangeReader, ReadCache
 from app.hub.token import TokenStore
 from app.lanes.llamacpp import fit_for
 from app.library.model import ModelEntry
-from app.remote_fit import fit_detail
 from tests.fakehub import FakeHub, gguf_repo_files
 from tests.modelgen import DIMS_DEFAULT, GGUFSpec, llama_tensors, write_gguf, write_hf_dir
 from tests.tinymodels import TinySpec, write_tiny_gguf
@@ -83,7 +84,9 @@ def test_remote_fit_reads_little_and_equals_local_fit(
     hub = _hub()
     client = hub.client()
     detail = fit_detail(
-        client.detail(REPO), reader=client.reader, settings=hub.settings, hardware=hardware, pins={}
+        client.detail(REPO),
+        reader=client.reader,
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
     )
     by_quant = detail.fit["quantizations"]  # type: ignore[index]
     assert sorted(by_quant) == ["Q2_K", "Q4_K_M", "Q8_0"]
@@ -104,7 +107,8 @@ def test_remote_fit_reads_little_and_equals_local_fit(
         assert not isinstance(local, GGUFProblem)
         assert remote["plan"] == local.public(), name
         assert remote["verdict"] == local.verdict and remote["summary"] == local.summary
-        doc = explain(_local_entry(paths), settings=hub.settings, hardware=hardware, pins={})
+        inputs = AdviceInputs(settings=hub.settings, hardware=hardware, pins={})
+        doc = explain(_local_entry(paths), inputs=inputs).public()
         assert remote["lane"] == doc["decision"]["lane"] and remote["lane"] is not None
         assert remote["reasons"] == doc["decision"]["reasons"]
         assert remote["facts"] == doc["facts"]
@@ -125,15 +129,15 @@ def test_cache_hit_makes_no_requests_and_corrupt_entries_are_reread(
     hub = _hub()
     client = hub.client()
     detail = client.detail(REPO)
-    first = fit_detail(detail, reader=client.reader, settings=hub.settings, hardware=hardware, pins={})
+    first = fit_detail(
+        detail, reader=client.reader, inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={})
+    )
     verdicts = {k: v["summary"] for k, v in first.fit["quantizations"].items()}  # type: ignore[index]
     fake_hub.reset_counters()
     again = fit_detail(
         client.detail(REPO, card=False),
         reader=hub.reader(),
-        settings=hub.settings,
-        hardware=hardware,
-        pins={},
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
     )
     assert fake_hub.requests == [] and dict(fake_hub.served) == {}
     assert {k: v["summary"] for k, v in again.fit["quantizations"].items()} == verdicts  # type: ignore[index]
@@ -149,9 +153,7 @@ def test_cache_hit_makes_no_requests_and_corrupt_entries_are_reread(
     third = fit_detail(
         client.detail(REPO, card=False),
         reader=hub.reader(),
-        settings=hub.settings,
-        hardware=hardware,
-        pins={},
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
     )
     assert {k: v["summary"] for k, v in third.fit["quantizations"].items()} == verdicts  # type: ignore[index]
     assert fake_hub.served[f"{REPO}/tiny-Q8_0.gguf"] > 0
@@ -187,9 +189,7 @@ def test_server_ignoring_range_still_reads_only_a_prefix(
     detail = fit_detail(
         client.detail(REPO),
         reader=client.reader,
-        settings=hub.settings,
-        hardware=hardware,
-        pins={},
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
         only="Q8_0",
     )
     remote = detail.fit["quantizations"]["Q8_0"]  # type: ignore[index]
@@ -205,9 +205,7 @@ def test_gated_fit_says_what_to_do(fake_hub: FakeHub, files: dict[str, Path], ha
     detail = fit_detail(
         client.detail("meta/gated-GGUF"),
         reader=client.reader,
-        settings=hub.settings,
-        hardware=hardware,
-        pins={},
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
     )
     for v in detail.fit["quantizations"].values():  # type: ignore[index]
         assert v["verdict"] is None and "switchyard hub login" in v["problem"]
@@ -223,9 +221,7 @@ def test_safetensors_repo_size_verdict(fake_hub: FakeHub, tmp_path: Path, hardwa
     detail = fit_detail(
         client.detail("acme/llama-st"),
         reader=client.reader,
-        settings=hub.settings,
-        hardware=hardware,
-        pins={},
+        inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
     )
     weights = detail.fit["safetensors"]  # type: ignore[index]
     shard_bytes = sum(len(v) for k, v in content.items() if k.endswith(".safetensors"))

@@ -26,7 +26,7 @@ import pytest
 from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
 from app.formats.gguf_meta import GGUFFacts, read_gguf
-from app.lanes.mistralrs import MistralRsKind
+from app.lanes.mistralrs import MISTRALRS
 from app.library.model import ModelEntry
 from tests.conftest import REPO, ServerProcess, link_models, running_server, wait_gone
 from tests.mlxgen import DIMS, write_hf_llama
@@ -258,7 +258,7 @@ def test_anthropic_and_ollama_surfaces_reach_the_lane(server: ServerProcess) -> 
 
 
 def test_kind_builds_the_worker_and_refuses_what_it_cannot_load(tmp_path: Path, model_store: Path) -> None:
-    kind = MistralRsKind()
+    kind = MISTRALRS
     if not kind.install(Settings()).installed:
         pytest.skip("mistralrs is not installed")
     folder = write_hf_llama(tmp_path / "org" / "m")

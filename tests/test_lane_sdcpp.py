@@ -18,9 +18,10 @@ import gguf
 import numpy as np
 import pytest
 
+from app.advice.explain import entry_for_path, explain
+from app.advice.inputs import AdviceInputs
 from app.core.errors import BadRequestError, EngineUnavailableError, ModelBrokenError
 from app.core.settings import Settings, settings_from_mapping
-from app.explain import entry_for_path, explain
 from app.hardware.probe import probe
 from app.lanes.installed import installed_lanes, lane_report
 from app.lanes.kinds import choose_kind, engine_kinds
@@ -304,11 +305,12 @@ def test_explain_routes_a_pipeline_to_sd_cpp_once_installed(
     pipe = tmp_path / "sd15"
     write_diffusers(pipe)
     hw = probe(bandwidth_cache=None)
-    missing = explain(entry_for_path(pipe), settings=Settings(), hardware=hw, pins={})
+    missing = explain(entry_for_path(pipe), inputs=AdviceInputs(Settings(), hw, pins={})).public()
     sd = {r["lane"]: r for r in missing["decision"]["rejections"]}["sd.cpp"]
     assert (
         missing["decision"]["lane"] is None and sd["kind"] == "not_installed" and "sd-server" in sd["message"]
     )
     exe = fake_binary(tmp_path / "bin")
-    doc = explain(entry_for_path(pipe), settings=Settings(sd_server_path=str(exe)), hardware=hw, pins={})
+    installed = AdviceInputs(Settings(sd_server_path=str(exe)), hw, pins={})
+    doc = explain(entry_for_path(pipe), inputs=installed).public()
     assert doc["decision"]["lane"] == "sd.cpp" and doc["format"] == "diffusers"

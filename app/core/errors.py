@@ -40,15 +40,27 @@ class MalformedJSONError(BadRequestError):
     code = "malformed_json"
 
 
-class ModelNotFoundError(SwitchyardError, LookupError):
+class NotFoundError(SwitchyardError, LookupError):
+    """The thing named (a model, lane, key, job, remote...) does not exist; subclasses set only `code`."""
+
     status = 404
     type = "invalid_request_error"
+    code = "not_found"
+
+
+class ConflictError(SwitchyardError):
+    """The request collides with the current state (already exists, busy, in use); subclasses set `code`."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
-class LaneNotFoundError(SwitchyardError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class LaneNotFoundError(NotFoundError):
     code = "lane_not_found"
 
 
@@ -175,15 +187,11 @@ class TooManyRequestsError(SwitchyardError):
     code = "too_many_concurrent_requests"
 
 
-class KeyNotFoundError(SwitchyardError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class KeyNotFoundError(NotFoundError):
     code = "key_not_found"
 
 
-class KeyExistsError(SwitchyardError):
-    status = 409
-    type = "invalid_request_error"
+class KeyExistsError(ConflictError):
     code = "key_exists"
 
 
@@ -208,19 +216,15 @@ class ImportRefusedError(BadRequestError):
     code = "import_refused"
 
 
-class ModelInUseError(SwitchyardError):
+class ModelInUseError(ConflictError):
     """A model cannot be removed while a lane has it loaded."""
 
-    status = 409
-    type = "invalid_request_error"
     code = "model_loaded"
 
 
-class RemoveRefusedError(SwitchyardError, PermissionError):
+class RemoveRefusedError(ConflictError, PermissionError):
     """`rm` would delete the user's own file; it needs --delete-files (delete_files=true)."""
 
-    status = 409
-    type = "invalid_request_error"
     code = "remove_refused"
 
 
@@ -256,17 +260,13 @@ class HubUnreachableError(HubError, ConnectionError):
     code = "hub_unreachable"
 
 
-class HubRepoNotFoundError(HubError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class HubRepoNotFoundError(NotFoundError, HubError):
     code = "hub_repo_not_found"
 
 
-class HubFileNotFoundError(HubError, LookupError):
+class HubFileNotFoundError(NotFoundError, HubError):
     """The repository exists but not this revision or file."""
 
-    status = 404
-    type = "invalid_request_error"
     code = "hub_file_not_found"
 
 
@@ -308,9 +308,7 @@ class DownloadError(SwitchyardError):
     code = "download_failed"
 
 
-class DownloadNotFoundError(SwitchyardError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class DownloadNotFoundError(NotFoundError):
     code = "download_not_found"
 
 
@@ -327,11 +325,9 @@ class DiskFullError(DownloadError, OSError):
     code = "disk_full"
 
 
-class DownloadBusyError(DownloadError):
+class DownloadBusyError(ConflictError, DownloadError):
     """Another process (a server, another `pull`) is writing the same partial file."""
 
-    status = 409
-    type = "invalid_request_error"
     code = "download_busy"
 
 
@@ -343,11 +339,9 @@ class CapabilityMissingError(BadRequestError):
 
 
 # ---- engine environments (app/lanes/engine_*.py; `switchyard engine`, /api/engines) ----------------------
-class UnknownEngineError(SwitchyardError, LookupError):
+class UnknownEngineError(NotFoundError):
     """Not an engine of the manifest (app/lanes/engines.toml)."""
 
-    status = 404
-    type = "invalid_request_error"
     code = "engine_not_found"
 
 
@@ -373,32 +367,24 @@ class NoEnginePythonError(EngineInstallError):
     code = "no_engine_python"
 
 
-class EngineBusyError(SwitchyardError):
+class EngineBusyError(ConflictError):
     """Another install, rollback or removal of the same engine is running (in this or another process)."""
 
-    status = 409
-    type = "invalid_request_error"
     code = "engine_busy"
 
 
-class EngineInUseError(SwitchyardError):
+class EngineInUseError(ConflictError):
     """A lane runs the engine version (or engine) that would be removed."""
 
-    status = 409
-    type = "invalid_request_error"
     code = "engine_in_use"
 
 
 # ---- remote lanes (app/lanes/remote*.py; `switchyard remote`, /api/remotes) ---------------------------
-class RemoteNotFoundError(SwitchyardError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class RemoteNotFoundError(NotFoundError):
     code = "remote_not_found"
 
 
-class RemoteExistsError(SwitchyardError):
-    status = 409
-    type = "invalid_request_error"
+class RemoteExistsError(ConflictError):
     code = "remote_exists"
 
 
@@ -426,9 +412,7 @@ class RemoteAuthError(RemoteFailedError):
     code = "remote_auth_failed"
 
 
-class EngineJobNotFoundError(SwitchyardError, LookupError):
-    status = 404
-    type = "invalid_request_error"
+class EngineJobNotFoundError(NotFoundError):
     code = "engine_job_not_found"
 
 

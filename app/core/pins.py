@@ -1,11 +1,13 @@
 """Per-model lane pins in `pins.json` in SWITCHYARD_HOME; a corrupt file is reported, never rewritten.
 
-Changed only under the file's lock (app/core/statefile.py), so concurrent pins from several processes are
-all kept."""
+`PinStore` is the one owner of that file: the CLI, the server, the supervisor, the library's mirror and the
+GUI all ask it. Changed only under the file's lock (app/core/statefile.py), so concurrent pins from several
+processes are all kept."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,30 @@ from app.core import statefile
 from app.core.errors import SettingsError
 
 
-def load_pins(path: Path) -> dict[str, str]:
+@dataclass(frozen=True)
+class PinStore:
+    """Reads pins.json fresh on every call (another process may have pinned since); a corrupt file raises
+    SettingsError on read and is never rewritten."""
+
+    path: Path
+
+    def all(self) -> dict[str, str]:
+        """Every pin (empty when the file does not exist yet)."""
+        return _load(self.path)
+
+    def get(self, model_id: str) -> str | None:
+        return _load(self.path).get(model_id)
+
+    def set(self, model_id: str, lane: str | None) -> str | None:
+        """Pin `model_id` to `lane` (None: unpin) and return its previous lane."""
+        return _set(self.path, model_id, lane)
+
+    def replace(self, pins: dict[str, str]) -> None:
+        """Replace every pin with `pins` (durably, under the file's lock); prefer `set` to change one."""
+        statefile.update(self.path, lambda _old: dict(pins), parse=str, dump=_dump)
+
+
+def _load(path: Path) -> dict[str, str]:
     text = statefile.read_text(path)
     return {} if text is None else _parse(path, text)
 
@@ -36,9 +61,8 @@ def _dump(pins: dict[str, str]) -> str:
     return json.dumps(pins, indent=2, sort_keys=True)
 
 
-def set_pin(path: Path, model_id: str, lane: str | None) -> str | None:
-    """Pin `model_id` to `lane` (None: unpin) and return its previous lane. A locked read-modify-write, so
-    pins set at the same time by the CLI and the window are all kept."""
+def _set(path: Path, model_id: str, lane: str | None) -> str | None:
+    # a locked read-modify-write, so pins set at the same time by the CLI and the window are all kept
     before: list[str | None] = []
 
     def change(pins: dict[str, str] | None) -> Any:
@@ -54,8 +78,3 @@ def set_pin(path: Path, model_id: str, lane: str | None) -> str | None:
 
     statefile.update(path, change, parse=lambda text: _parse(path, text), dump=_dump)
     return before[0]
-
-
-def save_pins(path: Path, pins: dict[str, str]) -> None:
-    """Replace every pin with `pins` (durably, under the file's lock); prefer `set_pin` to change one."""
-    statefile.update(path, lambda _old: dict(pins), parse=str, dump=_dump)

@@ -30,8 +30,8 @@ from typing import Any
 from app.core import statefile
 from app.core.errors import BadRequestError, KeyExistsError, KeyNotFoundError, SettingsError
 from app.core.paths import Paths
+from app.core.vault import SERVICE, Secret, keyring_delete, keyring_get, keyring_put
 
-SERVICE = "switchyard"
 PREFIX = "sy-"
 ID_LEN = 8  # hex characters after the prefix; lets a presented key find its record without trying all
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -39,29 +39,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _CACHE_MAX = 1024
 _RACY_NS = 2_000_000_000  # coarser than any file system's mtime tick (FAT: 2 s)
-
-
-class Secret:
-    """A secret string that does not show itself: repr, str and f-strings print a mask."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __format__(self, spec: str) -> str:
-        return repr(self)
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Secret is not picklable")
 
 
 @dataclass(frozen=True)
@@ -250,7 +227,7 @@ class KeyStore:
                 )
             if any(r["id"] == kid for r in records):
                 return statefile.KEEP
-            made["problem"] = problem = keyring_store(name, secret)
+            made["problem"] = problem = keyring_put(name, secret)
             made["rec"] = rec = {
                 "name": name,
                 "id": kid,
@@ -305,38 +282,6 @@ class KeyStore:
 
 
 # ---- the system keyring (best effort: a key works without it) ------------------------------------------
-def keyring_store(name: str, secret: Secret) -> str | None:
-    """Store the secret; None when stored, else a sentence saying why not."""
-    try:
-        import keyring
-        from keyring.errors import NoKeyringError
-    except ImportError:
-        return "the keyring package is not installed"
-    try:
-        keyring.set_password(SERVICE, name, secret.reveal())
-    except NoKeyringError:
-        backend = type(keyring.get_keyring())
-        return f"no system keyring is available here (backend {backend.__module__}.{backend.__qualname__})"
-    except Exception as exc:  # a backend may fail in its own ways (locked, D-Bus gone): never fatal
-        return f"the system keyring did not accept it ({type(exc).__name__})"
-    return None
-
-
-def keyring_delete(name: str) -> None:
-    try:
-        import keyring
-
-        keyring.delete_password(SERVICE, name)
-    except Exception:  # nothing stored, or no keyring: the key is revoked on disk either way
-        pass
-
-
 def keyring_secret(name: str) -> Secret | None:
     """The secret of key `name` from the keyring, where it was stored and a keyring is available."""
-    try:
-        import keyring
-
-        value = keyring.get_password(SERVICE, name)
-    except Exception:
-        return None
-    return Secret(value) if value else None
+    return keyring_get(name)[0]

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from app.core.errors import ModelBrokenError, ModelTooLargeError, SettingsError
+from app.core.units import fmt_bytes
 from app.fit.memory import MIB, DeviceUse
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo
@@ -322,10 +323,6 @@ def _usable(total: int, *, foreign: int) -> int:
     return total - -(-total * round(SAFETY_MARGIN * 100) // 100) - foreign
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
 @dataclass(frozen=True)
 class _Costs:
     """Everything but the KV cache, split into what the engine's fraction covers and what sits outside."""
@@ -515,11 +512,11 @@ def _refusal(
         overhead = costs.outside + _pct_ceil(costs.inside + kv, total) * total // 100 - costs.weights - kv
     need = costs.weights + kv + overhead
     what = "one" if want == 1 else str(want)
-    left = f"{_gib(max(0, budget))} of this {total / GIB:.0f} GiB card is left"
+    left = f"{fmt_bytes(max(0, budget))} of this {total / GIB:.0f} GiB card is left"
     if others:
         left += f" after the {others / total:.2f} promised to {others_label}"
     if foreign:
-        left += f" and {_gib(foreign)} held by other programs"
+        left += f" and {fmt_bytes(foreign)} held by other programs"
     left += f" ({SAFETY_MARGIN:.2f} is kept free)"
     tries: list[str] = []
     shorter = _shorter_len(req, room=room)
@@ -534,8 +531,8 @@ def _refusal(
     elif not tries:
         tries.append("a smaller model")
     message = (
-        f"{req.name} needs {_gib(costs.weights)} for weights + {_gib(kv)} for {what} "
-        f"{req.max_model_len}-token request{'s' if want > 1 else ''} + {_gib(overhead)} engine overhead "
+        f"{req.name} needs {fmt_bytes(costs.weights)} for weights + {fmt_bytes(kv)} for {what} "
+        f"{req.max_model_len}-token request{'s' if want > 1 else ''} + {fmt_bytes(overhead)} engine overhead "
         f"(activations, CUDA graphs, CUDA context) on {req.engine}; {left}; try {' or '.join(tries)}"
     )
     return ShareRefusal(
@@ -652,15 +649,15 @@ def split_card(gpu: GPUInfo, requests: Sequence[ShareRequest], *, foreign_used: 
 def _split_refusal(mins: list[GPUShare], *, total: int, usable: int, need: int) -> ShareRefusal:
     parts = " + ".join(f"{m.card_fraction:.2f}" for m in mins)
     each = "; ".join(
-        f"{m.name} ({m.engine}): {_gib(m.weights)} weights + {_gib(m.kv_cache)} KV for "
+        f"{m.name} ({m.engine}): {fmt_bytes(m.weights)} weights + {fmt_bytes(m.kv_cache)} KV for "
         f"{m.concurrent_requests} x {m.max_model_len} tokens + "
-        f"{_gib(m.card_bytes - m.weights - m.kv_cache)} overhead"
+        f"{fmt_bytes(m.card_bytes - m.weights - m.kv_cache)} overhead"
         for m in mins
     )
     names = " and ".join(m.name for m in mins)
     message = (
-        f"{names} need {parts} = {need / total:.2f} of this {total / GIB:.0f} GiB card ({_gib(need)}), "
-        f"more than the {usable / total:.2f} that can be promised ({_gib(usable)}): {each}; "
+        f"{names} need {parts} = {need / total:.2f} of this {total / GIB:.0f} GiB card ({fmt_bytes(need)}), "
+        f"more than the {usable / total:.2f} that can be promised ({fmt_bytes(usable)}): {each}; "
         "shorten a lane's --max-model-len, use --kv-cache-dtype fp8, or move a lane to another card"
     )
     return ShareRefusal(

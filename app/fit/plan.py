@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.units import fmt_bytes
 from app.fit.memory import CTX_PAD, KV_TYPE_BYTES, MIB, DeviceUse, FitParams, breakdown, kv_bytes_per_cell
 from app.formats.gguf_layout import GGUFLayout
 from app.hardware.model import GPUInfo, Hardware
@@ -271,10 +272,6 @@ def rate(tps: float) -> str:
     return f"{tps:.0f}" if tps >= 100 else f"{tps:.1f}"
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
-
-
 def _report(
     layout: GGUFLayout,
     hw: Hardware,
@@ -297,7 +294,7 @@ def _report(
             ctx += f" (reduced from {reduced_from} to fit)"
         return FitReport(
             chosen.name,
-            f"{where}{ctx}, using {_gib(total)}{speed}",
+            f"{where}{ctx}, using {fmt_bytes(total)}{speed}",
             chosen,
             tuple(placements),
             (),
@@ -312,9 +309,11 @@ def _report(
     if best_ctx:
         advice.insert(0, f"a context of {best_ctx} or less fits (asked for {params.ctx_size})")
     cpu_free = budget.devices.get("CPU", 0)
-    summary = f"does not fit: needs {_gib(need)} on the CPU path, {_gib(cpu_free)} of RAM is free for it"
+    summary = (
+        f"does not fit: needs {fmt_bytes(need)} on the CPU path, {fmt_bytes(cpu_free)} of RAM is free for it"
+    )
     if have > cpu_free:
-        summary += f" ({_gib(have - cpu_free)} more free on the GPU(s) is not enough for any offload)"
+        summary += f" ({fmt_bytes(have - cpu_free)} more free on the GPU(s) is not enough for any offload)"
     return FitReport("too_large", summary, None, tuple(placements), tuple(advice), budget.devices)
 
 
@@ -323,13 +322,13 @@ def _advice(layout: GGUFLayout, params: FitParams, cpu: Placement, budget: Budge
     kv = sum(d.kv_cache for d in cpu.devices)
     if params.kv_type in ("f16", "bf16", "f32") and kv > 64 * MIB:
         saved = int(kv * (1 - KV_TYPE_BYTES["q8_0"] / KV_TYPE_BYTES[params.kv_type]))
-        out.append(f"a q8_0 KV cache would save {_gib(saved)} (--kv-type q8_0)")
+        out.append(f"a q8_0 KV cache would save {fmt_bytes(saved)} (--kv-type q8_0)")
     bpw = BPW.get(layout.file_type or "")
     weights = sum(d.weights for d in cpu.devices)
     if bpw:
         for name, target in SMALLER:
             if target < bpw:
-                need = _gib(int(weights * target / bpw))
+                need = fmt_bytes(int(weights * target / bpw))
                 out.append(f"a {name} quantization of this model would need about {need} for its weights")
                 break
     return out

@@ -178,7 +178,7 @@ class ModelDetail:
     card: str | None = None
     card_truncated: bool = False
     card_problem: str | None = None
-    fit: dict[str, Any] | None = None  # filled in by app.remote_fit
+    fit: dict[str, Any] | None = None  # filled in by app.advice.hub_fit
     fit_problem: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

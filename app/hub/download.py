@@ -8,6 +8,9 @@ the partial bytes its files left in the cache (app/hub/transfer.py). A paused jo
 Events, each with {id, repo, revision, file, bytes_done, bytes_total, rate_bps, eta_s, delta, error}:
 download.queued, started, progress (at most every `progress_interval_s` per job; `delta` counts the bytes
 received since the previous progress event of that job), paused, resumed, completed, failed, cancelled.
+
+A job's state moves only as JOB_TRANSITIONS allows, through `DownloadManager._set`, which saves the job and
+publishes the move as its event (MOVE_EVENTS); `download.queued` announces a new job, not a move.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,14 +44,43 @@ from app.core.errors import (
 from app.core.events import EventBus
 from app.core.secrets import Secret
 from app.core.settings import Settings
+from app.core.units import fmt_bytes
 from app.hub import cache_layout, safe_names
 from app.hub.client import explicit_proxy, offline_error
 from app.hub.config import HubConfig, hub_config
 from app.hub.selection import RepoCommit, fetch_commit, select
 from app.hub.transfer import FileSpec, Transfer, TransferOptions, partial_bytes, remove_partial
 
-ACTIVE = ("queued", "running")
-TERMINAL = ("completed", "failed", "cancelled")
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE = (JobState.QUEUED, JobState.RUNNING)
+TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+_Q, _R, _P, _F, _X = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.FAILED, JobState.CANCELLED
+# queued -> queued and running -> queued: a job recorded as active by a process that stopped is resumed
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({_Q, _R, _P, _F, _X}),
+    JobState.RUNNING: frozenset({_Q, JobState.COMPLETED, _P, _F, _X}),
+    JobState.PAUSED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.FAILED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
+    JobState.COMPLETED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+MOVE_EVENTS = {
+    JobState.QUEUED: "download.resumed",
+    JobState.RUNNING: "download.started",
+    JobState.PAUSED: "download.paused",
+    JobState.COMPLETED: "download.completed",
+    JobState.FAILED: "download.failed",
+    JobState.CANCELLED: "download.cancelled",
+}
 MIB = 1024 * 1024
 
 
@@ -58,7 +91,7 @@ def env_token() -> Secret | None:
 
 
 def _size(n: int) -> str:
-    return f"{n} bytes ({n / MIB:.1f} MiB)"
+    return f"{n} bytes ({fmt_bytes(n)})"
 
 
 def disk_margin(need: int) -> int:
@@ -76,7 +109,7 @@ class Job:
     selector: str | None = None
     kind: str = "pull"  # or "update": refs move only when every file is in
     previous: str | None = None  # update: the commit refs/<revision> pointed at before
-    state: str = "queued"
+    state: JobState = JobState.QUEUED
     error: str | None = None
     error_code: str | None = None
     created: float = field(default_factory=time.time)
@@ -104,7 +137,7 @@ class Job:
         return (b1 - b0) / (now - t0) if now > t0 and t1 > t0 else 0.0
 
     def data(self) -> dict[str, Any]:
-        rate = self.rate() if self.state == "running" else 0.0
+        rate = self.rate() if self.state is JobState.RUNNING else 0.0
         left = self.bytes_total - self.bytes_done
         return {
             "id": self.id,
@@ -144,7 +177,10 @@ class Job:
         files = [FileSpec(f["path"], int(f["size"]), f.get("sha256"), f.get("oid")) for f in doc["files"]]
         keys = ("id", "repo", "revision", "commit", "selector", "kind", "previous", "state", "error",
                 "error_code", "created")  # fmt: skip
-        return cls(files=files, **{k: doc[k] for k in keys if k in doc})
+        known = {k: doc[k] for k in keys if k in doc}
+        if "state" in known:
+            known["state"] = JobState(known["state"])  # a foreign state: ValueError, the file is skipped
+        return cls(files=files, **known)
 
 
 class DownloadManager:
@@ -197,8 +233,8 @@ class DownloadManager:
         if self.resume_on_start and not self.config().offline:
             for job in self.jobs.values():
                 if job.state in ACTIVE:
-                    job.state = "queued"
-                    self._start(job, "download.resumed")
+                    self._set(job, JobState.QUEUED)
+                    self._start(job)
         return self
 
     async def __aexit__(
@@ -255,12 +291,12 @@ class DownloadManager:
             same = (
                 job.repo == rc.repo and job.commit == rc.commit and sorted(f.path for f in job.files) == paths
             )
-            if same and job.state not in ("completed", "cancelled") and job.kind == kind:
-                if job.state in ("paused", "failed"):
+            if same and job.state not in (JobState.COMPLETED, JobState.CANCELLED) and job.kind == kind:
+                if job.state in (JobState.PAUSED, JobState.FAILED):
                     self.resume(job.id)
                 elif job.id not in self._tasks:  # recorded as active by a process that stopped or died
-                    job.state = "queued"
-                    self._start(job, "download.resumed")
+                    self._set(job, JobState.QUEUED)
+                    self._start(job)
                 return job
         job = Job(
             id=secrets.token_hex(6), repo=rc.repo, revision=revision, commit=rc.commit, files=files,
@@ -269,31 +305,33 @@ class DownloadManager:
         job.bytes_done = self._have(job)
         self.jobs[job.id] = job
         self._save(job)
-        self._start(job, "download.queued")
+        self._emit(job, "download.queued")
+        self._start(job)
         return job
 
     def pause(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job.state in ACTIVE:
-            self._stop(job, "paused")
-            self._emit(job, "download.paused")
+            self._stop(job, JobState.PAUSED)
         return job
 
     def resume(self, job_id: str) -> Job:
         job = self.get(job_id)
-        if job.state in ("paused", "failed"):
-            job.state, job.error, job.error_code = "queued", None, None
-            self._save(job)
-            self._start(job, "download.resumed")
+        if job.state in (JobState.PAUSED, JobState.FAILED):
+            self._set(job, JobState.QUEUED)
+            self._start(job)
         return job
 
     async def cancel(self, job_id: str) -> Job:
         """Stop the job and delete its partial bytes (finished blobs stay: other snapshots may use them)."""
         job = self.get(job_id)
-        if job.state == "completed":
+        if job.state is JobState.COMPLETED:
             raise BadRequestError(f"download {job_id} is complete; remove the model instead", param="id")
+        if job.state is JobState.CANCELLED:
+            return job  # cancelled already: nothing is left to delete
         task = self._tasks.get(job_id)
-        self._stop(job, "cancelled")
+        job.bytes_done = 0  # what the event reports: the partial bytes are deleted next
+        self._stop(job, JobState.CANCELLED)
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         repo_dir = cache_layout.repo_folder(self.config().cache_dir, job.repo)
@@ -301,7 +339,6 @@ class DownloadManager:
             await asyncio.to_thread(remove_partial, repo_dir, f)
         job.bytes_done = 0
         self._forget(job)
-        self._emit(job, "download.cancelled")
         return job
 
     async def wait(self, job_id: str) -> Job:
@@ -338,15 +375,25 @@ class DownloadManager:
     def _jobs_lock(self) -> Path:
         return self.state_dir / "jobs"  # one lock for the folder: no lock file left behind per job
 
-    def _stop(self, job: Job, state: str) -> None:
+    def _set(self, job: Job, state: JobState, *, error: str | None = None, code: str | None = None) -> None:
+        """The one writer of a job's state: a move JOB_TRANSITIONS allows, saved, then published as its
+        MOVE_EVENTS event. The error fields are set (None: cleared) with every move but a cancel, which
+        keeps the reason a failed job had. Any other move is a bug: RuntimeError, nothing changed."""
+        if state not in JOB_TRANSITIONS[job.state]:
+            raise RuntimeError(f"download {job.id} cannot go {job.state} -> {state}")
         job.state = state
-        self._save(job)
+        if state is not JobState.CANCELLED:
+            job.error, job.error_code = error, code
+        self._save(job)  # a job forgotten already (completed) is not written back: see _save
+        self._emit(job, MOVE_EVENTS[state])
+
+    def _stop(self, job: Job, state: JobState) -> None:
+        self._set(job, state)
         task = self._tasks.pop(job.id, None)
         if task is not None:
             task.cancel()
 
-    def _start(self, job: Job, kind: str) -> None:
-        self._emit(job, kind)
+    def _start(self, job: Job) -> None:
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"download-{job.id}")
 
     def _have(self, job: Job) -> int:
@@ -414,19 +461,16 @@ class DownloadManager:
         except Exception as exc:  # a bug must still end the job visibly, not leave it "running"
             self._fail(job, f"{type(exc).__name__}: {exc}", "download_failed")
             return
-        job.state, job.error = "completed", None
         self._tasks.pop(job.id, None)
         self._progress(job, time.monotonic())
         self._forget(job)
-        if self.on_complete is not None:
+        if self.on_complete is not None:  # the catalog knows the model before anyone hears it is complete
             self.on_complete(job.repo)
-        self._emit(job, "download.completed")
+        self._set(job, JobState.COMPLETED)
 
     def _fail(self, job: Job, message: str, code: str) -> None:
-        job.state, job.error, job.error_code = "failed", message, code
         self._tasks.pop(job.id, None)
-        self._save(job)
-        self._emit(job, "download.failed")
+        self._set(job, JobState.FAILED, error=message, code=code)
 
     async def _fetch_files(self, job: Job, config: HubConfig) -> None:
         started = False
@@ -436,16 +480,18 @@ class DownloadManager:
         repo_dir = cache_layout.repo_folder(config.cache_dir, job.repo)
         assert self._session is not None, "DownloadManager used outside `async with`"
 
-        async def one(f: FileSpec) -> None:
+        def begin() -> None:
             nonlocal started
+            if not started and job.state is JobState.QUEUED:  # a paused or cancelled job stays so
+                started = True
+                self._set(job, JobState.RUNNING)
+
+        async def one(f: FileSpec) -> None:
             async with self._slots:
-                if not started:
-                    started, job.state = True, "running"
-                    self._save(job)
-                    self._emit(job, "download.started")
                 url = f"{config.endpoint}/{job.repo}/resolve/{job.commit}/{quote(f.path)}"
                 blob = cache_layout.blob_path(repo_dir, f.key)
                 if blob.exists() and blob.stat().st_size == f.size:
+                    begin()
                     return  # already in the cache: counted in bytes_done from the start
                 t = Transfer(
                     self._session,  # type: ignore[arg-type]
@@ -456,9 +502,15 @@ class DownloadManager:
                     proxy=explicit_proxy(config),
                     options=self.options,
                     on_bytes=lambda n: self._on_bytes(job, f.path, n),
+                    # the job's state file is written once the first answer is in, not before the request
+                    on_started=begin,
                     describe=f"{job.repo}/{f.path}",
                 )
-                await t.run()
+                try:
+                    await t.run()
+                except Exception:
+                    begin()  # it failed before any answer (another process holds the partial)
+                    raise
 
         tasks = [asyncio.create_task(one(f)) for f in job.files]
         try:
@@ -467,8 +519,8 @@ class DownloadManager:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        if not started:  # everything was already here
-            job.state = "running"
+        if not started:  # no file at all: nothing to wait for
+            self._set(job, JobState.RUNNING)
 
     def _land(self, job: Job, config: HubConfig) -> None:
         """Snapshot links for every file, then the ref: a model becomes visible only when whole."""

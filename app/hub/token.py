@@ -20,10 +20,9 @@ from pathlib import Path
 
 from app.core.errors import HubTokenError
 from app.core.paths import Paths
-from app.core.secrets import Secret
 from app.core.settings import Settings
+from app.core.vault import SERVICE, Secret, SessionVault
 
-SERVICE = "switchyard"
 USER = "hf_token"
 FILE_NAME = "hf_token"
 SOURCES = ("env", "keyring", "session", "file")
@@ -55,13 +54,6 @@ def check_token(value: str) -> Secret:
     return Secret(token)
 
 
-def _backend_name() -> str:
-    import keyring
-
-    backend = type(keyring.get_keyring())
-    return f"{backend.__module__}.{backend.__qualname__}"
-
-
 class TokenStore:
     """The token sources of one SWITCHYARD_HOME; one per process (it holds the session-only token)."""
 
@@ -69,7 +61,7 @@ class TokenStore:
         self.paths = paths
         self.settings = settings
         self._env = env
-        self._session: Secret | None = None
+        self.vault = SessionVault()  # keyring, then this process's memory
 
     @property
     def file(self) -> Path:
@@ -84,13 +76,11 @@ class TokenStore:
         env = self._environ().get("HF_TOKEN", "").strip()
         if env:
             return TokenFound(Secret(env), "env")
-        value, problem = self._keyring_get()
+        value, where, problem = self.vault.find(USER)
         if problem:
             problems.append(problem)
-        if value:
-            return TokenFound(Secret(value), "keyring", tuple(problems))
-        if self._session is not None:
-            return TokenFound(self._session, "session", tuple(problems))
+        if value is not None:
+            return TokenFound(value, where, tuple(problems))
         from_file, problem = self._file_get()
         if problem:
             problems.append(problem)
@@ -100,19 +90,6 @@ class TokenStore:
 
     def get(self) -> Secret | None:
         return self.find().token
-
-    def _keyring_get(self) -> tuple[str | None, str | None]:
-        try:
-            import keyring
-            from keyring.errors import NoKeyringError
-        except ImportError:
-            return None, None
-        try:
-            return keyring.get_password(SERVICE, USER), None
-        except NoKeyringError:
-            return None, None  # no backend: nothing stored there, not a problem with a stored token
-        except Exception as exc:  # a locked or broken backend: say so, keep looking
-            return None, f"the system keyring could not be read ({type(exc).__name__})"
 
     def _file_get(self) -> tuple[Secret | None, str | None]:
         try:
@@ -136,20 +113,20 @@ class TokenStore:
     # ---- changing ------------------------------------------------------------------------------------
     def set(self, token: Secret, *, to_file: bool = False) -> Stored:
         """Keep `token`: in the keyring; where none exists, in the file if opted into, else this process."""
-        problem = self._keyring_set(token)
+        opted = to_file or self.settings.hf_token_file
+        kept = self.vault.put(USER, token, session=not opted)  # with the file opted into, no memory copy
+        problem = kept.problem
         if problem is None:
-            self._session = None
             return Stored(
                 "keyring", f"stored in the system keyring (service {SERVICE!r}, user {USER!r})", True
             )
-        if to_file or self.settings.hf_token_file:
+        if opted:
             self._write_file(token)
             return Stored(
                 "file",
                 f"{problem}, so it was written to {self.file} (mode 0600, readable only by you)",
                 True,
             )
-        self._session = token
         return Stored(
             "session",
             f"{problem}, so the token is kept for this process only and is gone when it ends. To keep it, "
@@ -160,38 +137,13 @@ class TokenStore:
 
     def clear(self) -> list[str]:
         """Remove the stored token from every place we keep one; the places it was removed from."""
-        removed: list[str] = []
-        if self._session is not None:
-            self._session = None
-            removed.append("session")
-        try:
-            import keyring
-
-            if keyring.get_password(SERVICE, USER) is not None:
-                keyring.delete_password(SERVICE, USER)
-                removed.append("keyring")
-        except Exception:  # no backend or nothing stored: nothing to remove there
-            pass
+        removed = self.vault.forget(USER)
         try:
             self.file.unlink()
             removed.append("file")
         except FileNotFoundError:
             pass
         return removed
-
-    def _keyring_set(self, token: Secret) -> str | None:
-        try:
-            import keyring
-            from keyring.errors import NoKeyringError
-        except ImportError:
-            return "the keyring package is not installed"
-        try:
-            keyring.set_password(SERVICE, USER, token.reveal())
-        except NoKeyringError:
-            return f"no system keyring is available here (backend {_backend_name()})"
-        except Exception as exc:  # locked, D-Bus gone: the user still gets a working session
-            return f"the system keyring did not accept it ({type(exc).__name__})"
-        return None
 
     def _write_file(self, token: Secret) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)

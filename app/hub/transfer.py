@@ -10,8 +10,11 @@ The partial lives beside the blob it becomes, in `blobs/<key>.incomplete.d/`:
 A cut connection, a timeout, a 5xx or a 429 is retried with exponential backoff and jitter, each part
 continuing from its last written byte. A 200 answer to a Range request (a server or mirror that ignores
 Range) is detected: the file is then fetched as one stream from byte zero instead of being corrupted.
-When every part is in, the data is hashed (sha256 for LFS files, the git blob sha1 otherwise); only a
-match is renamed to `blobs/<key>`. A mismatch deletes the bytes and raises ChecksumMismatchError.
+The data is hashed (sha256 for LFS files, the git blob sha1 otherwise) while it arrives, in file order: a
+background task reads back each stretch of the file once every byte before it is written, so when the last
+part lands only its tail is left to hash. A resumed partial is re-hashed from byte zero the same way, while
+the rest arrives: nothing is trusted for having been on disk. Only a match is renamed to `blobs/<key>`; a
+mismatch deletes the bytes and raises ChecksumMismatchError.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class TransferOptions:
     backoff_max_s: float = 10.0
     read_timeout_s: float = 60.0
     save_every_s: float = 0.5  # how often state.json is rewritten while bytes arrive
+    hash_block: int = 4 * MIB  # the in-order hasher reads back this much at a time (the tail left at the end)
 
 
 class _Retryable(Exception):
@@ -102,9 +106,65 @@ def _write_at(fd: int, data: bytes, pos: int) -> None:
         os.write(fd, data)
 
 
+def _datasync(fd: int) -> None:
+    getattr(os, "fdatasync", os.fsync)(fd)  # Windows and macOS have no fdatasync
+
+
 def _jitter(opts: TransferOptions, attempt: int) -> float:
     base = min(opts.backoff_max_s, opts.backoff_s * 2 ** (attempt - 1))
     return base / 2 + random.uniform(0, base / 2)
+
+
+class _OrderedHash:
+    """The file's checksum, computed in file order from the bytes `written(pos)` says are on disk.
+
+    `written(pos)` is the end of the gap-free stretch of written bytes that starts at `pos`. `restart()`
+    starts over from byte zero (the transfer is rewriting bytes already hashed)."""
+
+    def __init__(self, data: Path, spec: FileSpec, written: Callable[[int], int], *, block: int) -> None:
+        self.data, self.size, self.block, self.written = data, spec.size, block, written
+        self.lfs = spec.sha256 is not None
+        self.pos = 0
+        self._gen = 0
+        self._hash = self._new()
+        self._wake = asyncio.Event()
+
+    def _new(self) -> Any:
+        return hashlib.sha256() if self.lfs else hashlib.sha1(b"blob %d\0" % self.size)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def restart(self) -> None:
+        self._gen += 1
+        self.pos, self._hash = 0, self._new()
+        self._wake.set()
+
+    async def digest(self) -> str:
+        """Returns once every byte is hashed; runs alongside the transfer."""
+        while self.pos < self.size:
+            self._wake.clear()
+            n = min(self.written(self.pos) - self.pos, self.block)
+            if n <= 0 or (n < self.block and self.pos + n < self.size):
+                await self._wake.wait()  # a block's worth, or the end, before a thread hop
+                continue
+            gen, h = self._gen, self._hash
+            await asyncio.to_thread(_hash_range, self.data, h, self.pos, n)
+            if gen == self._gen:
+                self.pos += n
+        return str(self._hash.hexdigest())
+
+
+def _hash_range(data: Path, h: Any, pos: int, n: int) -> None:
+    # its own file object each time: an abandoned read (cancel) never races a later one over one offset
+    with open(data, "rb") as f:
+        f.seek(pos)
+        while n > 0:
+            block = f.read(min(n, MIB))
+            if not block:
+                raise OSError(errno.EIO, f"{data} is shorter than its recorded parts")
+            h.update(block)  # hashlib lets go of the GIL for blocks this size
+            n -= len(block)
 
 
 def plan_parts(size: int, opts: TransferOptions) -> list[list[int]]:
@@ -118,7 +178,9 @@ def plan_parts(size: int, opts: TransferOptions) -> list[list[int]]:
 
 class Transfer:
     """Fetch `spec` from `url` into `repo_dir/blobs/<key>`; `on_bytes(n)` hears every chunk written
-    (negative when a server without Range forces a restart from zero)."""
+    (negative when a server without Range forces a restart from zero). `on_started()` is called once,
+    before any `on_bytes`: when the first answer is in, or when the transfer ends without one, so the
+    caller's bookkeeping runs while the bytes are already on their way."""
 
     def __init__(
         self,
@@ -131,6 +193,7 @@ class Transfer:
         proxy: str | None = None,
         options: TransferOptions | None = None,
         on_bytes: Callable[[int], None] = lambda n: None,
+        on_started: Callable[[], None] = lambda: None,
         describe: str = "",
     ) -> None:
         self.session = session
@@ -141,6 +204,8 @@ class Transfer:
         self.proxy = proxy
         self.opts = options or TransferOptions()
         self.on_bytes = on_bytes
+        self.on_started = on_started
+        self._begun = False
         self.what = describe or spec.path
         self.dir = cache_layout.partial_dir(repo_dir, spec.key)
         self.blob = cache_layout.blob_path(repo_dir, spec.key)
@@ -149,12 +214,31 @@ class Transfer:
         self._fd = -1
         self._lock_fd = -1
         self._last_save = 0.0
+        self._hash = _OrderedHash(self.dir / "data", spec, self._written, block=self.opts.hash_block)
+        self._flushing: asyncio.Future[None] | None = None
 
     # --- state ------------------------------------------------------------------------------------
 
     @property
     def done(self) -> int:
         return sum(p[2] for p in self.parts)
+
+    @property
+    def hashed(self) -> int:
+        """Bytes checksummed so far, a prefix of the file (it restarts at 0 when bytes are rewritten)."""
+        return self._hash.pos
+
+    def _written(self, pos: int) -> int:
+        """The end of the bytes written without a gap from `pos` on."""
+        for start, end, done in sorted(self.parts):
+            if pos > end:
+                continue
+            if pos < start or start + done < pos:  # a gap, or bytes un-counted by a restart from zero
+                return pos
+            pos = start + done
+            if pos <= end:
+                return pos
+        return pos
 
     def _load_state(self) -> None:
         try:
@@ -177,6 +261,15 @@ class Transfer:
         doc = {"key": self.spec.key, "size": self.spec.size, "path": self.spec.path, "url": self.url,
                "ranged": self.ranged, "parts": self.parts}  # fmt: skip
         cache_layout.write_atomic(self.dir / "state.json", json.dumps(doc))
+        if not force and self._fd >= 0 and (self._flushing is None or self._flushing.done()):
+            # the disk takes the bytes while more arrive, so the fsync before the rename has little left
+            self._flushing = asyncio.ensure_future(asyncio.to_thread(_datasync, self._fd))
+
+    async def _flushed(self) -> None:
+        """Until the background flush (if one runs) is over: the fd must outlive it."""
+        if self._flushing is not None:
+            flushing, self._flushing = self._flushing, None
+            await asyncio.shield(flushing)
 
     def _open(self) -> None:
         cache_layout.inside_repo(self.repo_dir, self.dir)  # a planted symlink must not take the bytes away
@@ -214,20 +307,30 @@ class Transfer:
         if self.blob.exists() and self.blob.stat().st_size == self.spec.size:
             return self.blob  # the same bytes are already here (another snapshot, another quant)
         await asyncio.to_thread(self._open)
+        hashing = asyncio.create_task(self._hash.digest())
         try:
-            self.on_bytes(0)
             try:
                 await self._fetch_all()
+                self._begin()  # an empty file needs no request
+            except Exception:
+                self._begin()  # failed before any answer: the caller still hears that the file began
+                raise
             finally:
                 if self.dir.exists():
                     with contextlib.suppress(OSError):
                         self._save_state(force=True)
-            return await asyncio.to_thread(self._finish)
+            got = await hashing
+            await self._flushed()
+            return await asyncio.to_thread(self._finish, got)
         except SwitchyardError:
             raise
         except OSError as exc:
             raise self._os_error(exc) from exc
         finally:
+            hashing.cancel()
+            await asyncio.gather(hashing, return_exceptions=True)
+            with contextlib.suppress(OSError):
+                await self._flushed()
             self._close()
 
     def _os_error(self, exc: OSError) -> SwitchyardError:
@@ -251,9 +354,10 @@ class Transfer:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             # the server sends whole files only: one stream from zero (no resume, but no corruption)
-            self.on_bytes(-self.done)
+            self._report(-self.done)
             self.ranged = False
             self.parts = [[0, self.spec.size - 1, 0]]
+            self._hash.restart()
             self._save_state(force=True)
         await self._part(0)
 
@@ -279,13 +383,15 @@ class Transfer:
         if self.ranged:
             headers["Range"] = f"bytes={pos}-{end}"
         else:
-            self.on_bytes(-done)  # no Range: every try starts at zero
+            self._report(-done)  # no Range: every try starts at zero
             self.parts[i][2] = done = 0
             pos = 0
+            self._hash.restart()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.opts.read_timeout_s)
         try:
             async with self.session.get(self.url, headers=headers, proxy=self.proxy, timeout=timeout) as r:
                 self._check_status(r, pos)
+                self._begin()
                 async for chunk in r.content.iter_chunked(self.opts.chunk):
                     room = end + 1 - pos
                     if len(chunk) > room:
@@ -294,7 +400,8 @@ class Transfer:
                     _write_at(self._fd, chunk, pos)
                     pos += len(chunk)
                     self.parts[i][2] += len(chunk)
-                    self.on_bytes(len(chunk))
+                    self._report(len(chunk))
+                    self._hash.wake()
                     self._save_state()
                     if pos > end:
                         break
@@ -302,6 +409,16 @@ class Transfer:
             raise _Retryable(f"connection lost ({type(exc).__name__})") from exc
         if pos <= end:
             raise _Retryable("the connection closed early")
+
+    def _begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            self.on_started()
+            self.on_bytes(0)
+
+    def _report(self, n: int) -> None:
+        self._begin()
+        self.on_bytes(n)
 
     def _check_status(self, r: aiohttp.ClientResponse, pos: int) -> None:
         if r.status == 206 and self.ranged:
@@ -329,19 +446,13 @@ class Transfer:
 
     # --- verification ----------------------------------------------------------------------------
 
-    def _finish(self) -> Path:
+    def _finish(self, got: str) -> Path:
+        """Land the bytes whose in-order checksum is `got`, or delete them if it is not the published one."""
         os.fsync(self._fd)
-        sha256 = hashlib.sha256()
-        sha1 = hashlib.sha1(b"blob %d\0" % self.spec.size)
-        with open(self.dir / "data", "rb") as f:
-            while block := f.read(4 * MIB):
-                sha256.update(block)
-                if self.spec.sha256 is None:
-                    sha1.update(block)
         if self.spec.sha256 is not None:
-            kind, expected, got = "sha256", self.spec.sha256, sha256.hexdigest()
+            kind, expected = "sha256", self.spec.sha256
         else:
-            kind, expected, got = "git oid", self.spec.oid or "", sha1.hexdigest()
+            kind, expected = "git oid", self.spec.oid or ""
         if got != expected:
             self._close()
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -20,7 +20,6 @@ from app.core.errors import EngineUnavailableError
 from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
-from app.formats.detect import detect_format
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo, Hardware
 from app.lanes.kind import engine_process_env, engine_python, find_binary, module_install
@@ -144,12 +143,12 @@ def cuda_plan(
         "share": share.public(),
     }
     return LaunchPlan(
-        engine,
-        tuple(argv),
-        env,
-        "/health",
-        port,
-        params,
+        runtime=engine,
+        argv=tuple(argv),
+        env=env,
+        health_path="/health",
+        port=port,
+        params=params,
         engine=engine,
         memory="fraction",
         prediction=prediction,
@@ -195,7 +194,7 @@ class _CudaKind:
         refusal = self.start_refusal(settings, hardware)
         if refusal or hardware is None:
             raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {refusal}")
-        fmt = detect_format(entry.path)
+        fmt = entry.model_format()
         if not isinstance(fmt.facts, SafetensorsModel):
             raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
         # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH

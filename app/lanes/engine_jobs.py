@@ -1,9 +1,10 @@
 """Engine installs as background jobs of a running server (or the desktop): one per engine at a time.
 
 The admin API and the Lanes page start a job and return at once; progress arrives as `engine.*` events
-on the bus (`engine.started`, `engine.progress` per pip line, `engine.done` or `engine.failed`). Jobs are
-kept in memory only: a server restarted mid-install finds the new folder unrecorded, and the next install
-deletes it (app/lanes/engine_install.py).
+on the bus (`engine.started`, `engine.progress` per pip line, `engine.done` or `engine.failed`). A job's
+state moves once, running -> done | failed, through `EngineJobs._settle`, which publishes the move
+(JOB_TRANSITIONS). Jobs are kept in memory only: a server restarted mid-install finds the new folder
+unrecorded, and the next install deletes it (app/lanes/engine_install.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
@@ -27,13 +29,27 @@ KEEP_LINES = 200
 KEEP_JOBS = 20
 
 
+class JobState(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# a job runs once: it ends done or failed, and an ended job never moves again
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED}),
+    JobState.DONE: frozenset(),
+    JobState.FAILED: frozenset(),
+}
+
+
 @dataclass
 class EngineJob:
     id: str
     engine: str
     action: str  # install | update
     version: str | None  # asked for; None: the pin or the manifest's
-    state: str = "running"  # running | done | failed
+    state: JobState = JobState.RUNNING
     error: str | None = None
     result: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
@@ -69,7 +85,7 @@ class EngineJobs:
     def start(self, engine: str, *, version: str | None = None, action: str = "install") -> EngineJob:
         """Start installing; EngineBusyError if this engine already has a running job."""
         spec_for(engine)
-        if any(j.engine == engine and j.state == "running" for j in self._jobs.values()):
+        if any(j.engine == engine and j.state is JobState.RUNNING for j in self._jobs.values()):
             raise EngineBusyError(f"{engine} is already being installed; follow GET /api/engines/events")
         job = EngineJob(id=f"eng-{next(self._ids)}", engine=engine, action=action, version=version)
         self._jobs[job.id] = job
@@ -101,20 +117,35 @@ class EngineJobs:
                 on_line=job.lines.append,
             )
         except SwitchyardError as exc:
-            job.state, job.error = "failed", exc.message
-            self.bus.publish("engine.failed", id=job.id, engine=job.engine, error=exc.message, code=exc.code)
+            self._settle(job, JobState.FAILED, error=exc.message, code=exc.code)
         except asyncio.CancelledError:
-            job.state, job.error = "failed", "cancelled: the server stopped"
+            self._settle(job, JobState.FAILED, error="cancelled: the server stopped", code="cancelled")
             raise
         except Exception as exc:  # a job never dies silently: it says what went wrong
-            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
-            self.bus.publish("engine.failed", id=job.id, engine=job.engine, error=job.error, code="internal")
+            self._settle(job, JobState.FAILED, error=f"{type(exc).__name__}: {exc}", code="internal")
         else:
-            job.state, job.result = "done", result.public()
-            self.bus.publish("engine.done", id=job.id, **result.public())
+            self._settle(job, JobState.DONE, result=result.public())
         finally:
-            job.finished_at = time.time()
             self._tasks.pop(job.id, None)
+
+    def _settle(
+        self,
+        job: EngineJob,
+        state: JobState,
+        *,
+        error: str | None = None,
+        code: str | None = None,
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        """The one writer of a job's state: a move JOB_TRANSITIONS allows, published as `engine.done`
+        (with `result`) or `engine.failed` (with `error` and `code`). A second ending is a bug: refused."""
+        if state not in JOB_TRANSITIONS[job.state]:
+            raise RuntimeError(f"engine job {job.id} cannot go {job.state} -> {state}")
+        job.state, job.error, job.result, job.finished_at = state, error, result, time.time()
+        if state is JobState.DONE:
+            self.bus.publish("engine.done", id=job.id, **(result or {}))
+        else:
+            self.bus.publish("engine.failed", id=job.id, engine=job.engine, error=error, code=code)
 
     def get(self, job_id: str) -> EngineJob | None:
         return self._jobs.get(job_id)
@@ -123,7 +154,7 @@ class EngineJobs:
         return list(self._jobs.values())
 
     def _forget_old(self) -> None:
-        done = [j for j in self._jobs.values() if j.state != "running"]
+        done = [j for j in self._jobs.values() if j.state is not JobState.RUNNING]
         for j in done[: max(0, len(self._jobs) - KEEP_JOBS)]:
             del self._jobs[j.id]
 

@@ -4,32 +4,31 @@ from __future__ import annotations
 
 from app.core.errors import EngineUnavailableError, NoLaneForFormatError
 from app.core.settings import Settings
-from app.formats.detect import detect_format
 from app.hardware.model import Hardware
 from app.lanes.cuda import SGLangKind, VLLMKind
 from app.lanes.kind import EngineKind
 from app.lanes.llamacpp import LlamaCppKind
-from app.lanes.mistralrs import MistralRsKind
-from app.lanes.mlx import MLXKind
-from app.lanes.piper import PiperKind
+from app.lanes.mistralrs import MISTRALRS
+from app.lanes.mlx import MLX
+from app.lanes.piper import PIPER
 from app.lanes.sdcpp import SDCppKind
-from app.lanes.whisper import WhisperKind
+from app.lanes.whisper import WHISPER
 from app.library.model import ModelEntry
 from app.routing.engines import LANES, install_hint, title
 from app.routing.traits import traits_of, unroutable_reason
 
 
 def engine_kinds() -> dict[str, EngineKind]:
-    """Fresh, stateless kind objects in the canonical lane order."""
+    """Stateless kind objects in the canonical lane order (the Python-packaged ones are frozen instances)."""
     kinds: list[EngineKind] = [
         LlamaCppKind(),
-        MistralRsKind(),
-        MLXKind(),
+        MISTRALRS,
+        MLX,
         VLLMKind(),
         SGLangKind(),
         SDCppKind(),
-        WhisperKind(),
-        PiperKind(),
+        WHISPER,
+        PIPER,
     ]
     by_lane = {k.lane: k for k in kinds}
     return {lane: by_lane[lane] for lane in LANES if lane in by_lane}
@@ -42,7 +41,7 @@ def kinds_for_format(fmt: str, kinds: dict[str, EngineKind]) -> list[EngineKind]
 def _routed(entry: ModelEntry, found: list[EngineKind]) -> list[EngineKind]:
     """The kinds routing lets run this safetensors folder, in routing's order: its quantization decides
     (plain weights: vLLM, SGLang, MLX, mistral.rs; AWQ, GPTQ, FP8: SGLang, vLLM)."""
-    traits = traits_of(detect_format(entry.path))
+    traits = traits_of(entry.model_format())
     if (why := unroutable_reason(traits)) is not None:
         raise NoLaneForFormatError(f"model {entry.id!r} cannot run here: {why}", param="model")
     order = {lane: i for i, lane in enumerate(traits.candidates)}

@@ -1,8 +1,10 @@
 """A lane: one model on one engine, as a state machine owned by a single asyncio task.
 
-States: stopped -> starting -> ready -> stopping -> stopped, and failed (from starting or
-ready). Only the owner task (`_run`) assigns `state`; every change is published once as a
-`lane.state` event. Callers ask `ensure_ready()` and `stop()`; the owner decides.
+States: stopped -> starting -> ready -> stopping -> stopped, and failed (from starting, ready or
+stopping); TRANSITIONS (app/lanes/lane_machine.py) lists every move, checked in the one setter (`_set`).
+Only the owner task (`_run`) assigns `state`, handling one command of its inbox at a time; every change
+is published once as a `lane.state` event. Callers ask `ensure_ready()` and `stop()`; the owner decides.
+Requests are counted through `request()`, and a swap waits for them in `drained()`.
 
 A ready engine that stops answering (SIGSTOP, a deadlock) is found two ways: a request that receives no
 byte for `engine_read_timeout_s` while no other request makes progress (`guard`), and a periodic check of
@@ -18,8 +20,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
-from enum import StrEnum
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
@@ -34,6 +35,17 @@ from app.core.errors import (
 from app.core.events import EventBus
 from app.core.settings import Settings
 from app.lanes.footprint import Footprint, parse_footprint
+from app.lanes.lane_machine import (
+    TRANSITIONS,
+    Close,
+    Command,
+    Exited,
+    Hung,
+    LaneState,
+    Start,
+    Stop,
+    check_transition,
+)
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
 from app.lanes.target import refusal_error
@@ -43,14 +55,6 @@ FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readin
 # a request whose connection broke this soon after its engine was killed as unresponsive is told so
 HUNG_WINDOW_S = 10.0
 T = TypeVar("T")
-
-
-class LaneState(StrEnum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    FAILED = "failed"
 
 
 class Progress:
@@ -97,10 +101,12 @@ class Lane:
         self.plan: LaunchPlan | None = None
         self.port: int | None = None
         self.started_at: float | None = None
-        self.last_used: float | None = None
-        self.in_flight = 0
+        self._last_used: float | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()  # set while no request is in flight; a drain awaits it
+        self._idle.set()
         self.restarts = 0
-        self.draining = False
+        self._draining = False
         self.measured: Footprint | None = None
         self.ttl_override: float | None = None  # seconds (< 0: never); set per request by Ollama's keep_alive
         self._stop_requested = False
@@ -114,7 +120,7 @@ class Lane:
         self._liveness: asyncio.Task[None] | None = None
         self.progress = Progress()
         self._hung: tuple[float, str] | None = None  # (when, the error's message) of the last hang
-        self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Command] = asyncio.Queue()
         self._owner = asyncio.create_task(self._run(), name=f"lane:{model_id}")
 
     # ---- public surface (callers ask; the owner decides) -------------------------------------
@@ -126,6 +132,48 @@ class Lane:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding the lane now (counted by `request()`)."""
+        return self._in_flight
+
+    @property
+    def last_used(self) -> float | None:
+        """When (time.time()) a request last began or ended here, or the engine last became ready."""
+        return self._last_used
+
+    @property
+    def draining(self) -> bool:
+        """Refusing new requests while a swap waits for the ones in flight (`drained()`)."""
+        return self._draining
+
+    # ---- requests and drains -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
+        self._in_flight += 1
+        self._idle.clear()
+        self._last_used = time.time()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._last_used = time.time()
+            if self._in_flight == 0:
+                self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def drained(self, *, wait_s: float) -> AsyncIterator[bool]:
+        """Take no new requests for the block, entered once those in flight have ended or `wait_s`
+        seconds have passed; yields whether they all ended (the caller decides what a busy lane means)."""
+        self._draining = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), max(0.0, wait_s))
+            yield self._in_flight == 0
+        finally:
+            self._draining = False
 
     @property
     def served_name(self) -> str:
@@ -193,7 +241,7 @@ class Lane:
             "restarted, retry the request"
         )
         if self.proc is not None and self.state is LaneState.READY:
-            self._inbox.put_nowait(("hung", (self.proc, message)))
+            self._inbox.put_nowait(Hung(self.proc, message))
         return EngineUnresponsiveError(message)
 
     def refused(self, status: int, data: bytes) -> SwitchyardError:
@@ -233,13 +281,13 @@ class Lane:
             return
         if self._startup is None or self._startup.done():
             self._startup = asyncio.get_running_loop().create_future()
-            self._inbox.put_nowait(("start", self._startup))
+            self._inbox.put_nowait(Start(self._startup))
         await asyncio.shield(self._startup)
 
     async def stop(self, *, reason: str = "requested") -> None:
         self._stop_requested = True
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(("stop", (done, reason)))
+        self._inbox.put_nowait(Stop(done, reason))
         await asyncio.shield(done)
 
     async def close(self) -> None:
@@ -247,7 +295,7 @@ class Lane:
         await self.stop(reason="shutdown")
         if self._liveness is not None:
             self._liveness.cancel()
-        self._inbox.put_nowait(("close", None))
+        self._inbox.put_nowait(Close())
         with contextlib.suppress(asyncio.CancelledError):
             await self._owner
         self.ring.close()
@@ -289,9 +337,14 @@ class Lane:
 
     # ---- the owner task ------------------------------------------------------------------------
     def _set(self, state: LaneState, *, reason: str | None = None) -> None:
+        """The one writer of `state`: a move TRANSITIONS allows, logged and published once; the same state
+        again is no move; any other raises IllegalTransitionError, leaving the state as it was."""
         if state is self.state:
             return
+        check_transition(self.state, state)
         previous, self.state = self.state, state
+        if previous is LaneState.READY and self._liveness is not None:
+            self._liveness.cancel()  # it watches a ready engine only; ended here, not at its next wake
         now = time.monotonic()
         held, self._since = now - self._since, now
         if state is not LaneState.STOPPED:  # a stop's own line tells how long the lane had been ready
@@ -315,25 +368,32 @@ class Lane:
 
     async def _run(self) -> None:
         while True:
-            op, arg = await self._inbox.get()
-            if op == "close":
+            command = await self._inbox.get()
+            if isinstance(command, Close):
                 return
             try:
-                if op == "start":
-                    await self._handle_start(arg)
-                elif op == "stop":
-                    fut, reason = arg
-                    await self._handle_stop(reason)
-                    self._stop_requested = False
-                    if not fut.done():
-                        fut.set_result(None)
-                elif op == "exited":
-                    self._handle_exit(*arg)
-                elif op == "hung":
-                    await self._handle_hung(*arg)
+                await self._handle(command)
             except Exception as exc:  # the owner must survive anything; the lane records it
                 self.error = f"internal error in lane owner: {exc!r}"
-                self._set(LaneState.FAILED, reason=self.error)
+                log.error("lane %s: %s", self.model_id, self.error, exc_info=exc)
+                if LaneState.FAILED in TRANSITIONS[self.state]:
+                    self._set(LaneState.FAILED, reason=self.error)
+            finally:
+                if isinstance(command, Stop):  # a stop's caller is answered whatever happened
+                    self._stop_requested = False
+                    if not command.done.done():
+                        command.done.set_result(None)
+
+    async def _handle(self, command: Command) -> None:
+        match command:
+            case Start(done=fut):
+                await self._handle_start(fut)
+            case Stop(reason=reason):
+                await self._handle_stop(reason)
+            case Exited(proc=proc, rc=rc):
+                self._handle_exit(proc, rc)
+            case Hung(proc=proc, message=message):
+                await self._handle_hung(proc, message)
 
     async def _handle_start(self, fut: asyncio.Future[None]) -> None:
         if self.state is LaneState.READY:
@@ -386,7 +446,7 @@ class Lane:
         self.measured = parse_footprint(self.ring.since(self._log_mark))
         self.proc.batch_output = True
         self.started_at = time.time()
-        self.last_used = time.time()
+        self._last_used = time.time()
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
         self.progress.at = time.monotonic()
@@ -484,7 +544,7 @@ class Lane:
     async def _watch_exit(self, proc: EngineProcess) -> None:
         rc = await proc.proc.wait()
         await proc.drain_output(0.5)
-        self._inbox.put_nowait(("exited", (proc, rc)))
+        self._inbox.put_nowait(Exited(proc, rc))
 
     def _handle_exit(self, proc: EngineProcess, rc: int) -> None:
         if proc is not self.proc or self.state is not LaneState.READY:
@@ -532,7 +592,7 @@ class Lane:
             return  # a stop is queued: the lane is not wanted running
         if self._startup is None or self._startup.done():
             self._startup = asyncio.get_running_loop().create_future()
-            self._inbox.put_nowait(("start", self._startup))
+            self._inbox.put_nowait(Start(self._startup))
 
     async def _handle_stop(self, reason: str) -> None:
         if self.state in (LaneState.STOPPED, LaneState.FAILED) and (
@@ -546,7 +606,7 @@ class Lane:
             rc = await self.proc.terminate(grace=self.settings.stop_grace_s)
             self.ring.add(f"--- switchyard: engine stopped ({reason}), exit code {rc}")
         self.port = None
-        self.draining = False
+        self._draining = False
         self.ttl_override = None
         self._set(LaneState.STOPPED, reason=reason)
 

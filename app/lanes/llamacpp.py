@@ -212,11 +212,15 @@ def build_plan(
         engine = xllamacpp()
         env = engine_process_env(env, engine, worker=True)
         argv = worker_argv(params, ppid=ppid, engine=engine)
-        return LaunchPlan(runtime, argv, env, "/health", None, params, fit)
+        return LaunchPlan(
+            runtime=runtime, argv=argv, env=env, health_path="/health", port=None, params=params, fit=fit
+        )
     binary = find_llama_server(settings)
     assert binary is not None
     argv = llama_server_argv(binary, params, port=free_port, ppid=ppid)
-    return LaunchPlan(runtime, argv, env, "/health", free_port, params, fit)
+    return LaunchPlan(
+        runtime=runtime, argv=argv, env=env, health_path="/health", port=free_port, params=params, fit=fit
+    )
 
 
 class LlamaCppKind:

@@ -8,7 +8,6 @@ exit 0 on SIGTERM, and exit on our own when the parent process is gone.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -19,7 +18,7 @@ import time
 from typing import Any
 
 from app.lanes.parentwatch import set_pdeathsig, tie_to_server
-from app.lanes.worker_params import LlamaParams
+from app.lanes.worker_params import LlamaParams, worker_command_line
 
 _KV = {
     "f32": "GGML_TYPE_F32",
@@ -86,16 +85,13 @@ def _quiet_llama_log(x: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     # first of all: from here on the kernel kills us with the server, even inside llama.cpp's load or teardown
     set_pdeathsig()
-    ap = argparse.ArgumentParser(prog="app.lanes.llamacpp_worker")
-    ap.add_argument("--ppid", type=int, required=True)
-    ap.add_argument("--params", required=True)
-    args = ap.parse_args(argv)
-    if not tie_to_server(args.ppid):
+    ppid, params_json = worker_command_line("app.lanes.llamacpp_worker", argv)
+    if not tie_to_server(ppid):
         return 3
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    params = LlamaParams.from_json(args.params)
+    params = LlamaParams.from_json(params_json)
     if not os.path.isfile(params.model_path):
         print(f"switchyard-worker: model file not found: {params.model_path}", file=sys.stderr, flush=True)
         return 4

@@ -13,7 +13,6 @@ Exit codes: 0 SIGTERM, 3 the server is gone, 4 the model is missing, 5 mistral.r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,7 +30,7 @@ from aiohttp import web
 from app.lanes import mistralrs_api as api
 from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
-from app.lanes.worker_params import MistralRsParams
+from app.lanes.worker_params import MistralRsParams, worker_command_line
 
 _GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
@@ -261,13 +260,10 @@ def load(params: MistralRsParams) -> tuple[Any, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ap = argparse.ArgumentParser(prog="app.lanes.mistralrs_worker")
-    ap.add_argument("--ppid", type=int, required=True)
-    ap.add_argument("--params", required=True)
-    args = ap.parse_args(argv)
-    if not guard_parent(args.ppid):
+    ppid, params_json = worker_command_line("app.lanes.mistralrs_worker", argv)
+    if not guard_parent(ppid):
         return 3
-    params = MistralRsParams.from_json(args.params)
+    params = MistralRsParams.from_json(params_json)
     if not Path(params.model_path).exists():
         log(f"the model is not there: {params.model_path}")
         return 4

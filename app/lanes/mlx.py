@@ -13,19 +13,16 @@ import platform
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.errors import EngineUnavailableError
 from app.core.frozen import module_argv
 from app.core.settings import Settings
-from app.hardware.model import Hardware
-from app.lanes.kind import EnginePython, engine_process_env, engine_python, module_install
+from app.lanes.kind import EnginePython, engine_process_env
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import settings_env
+from app.lanes.python_kind import PythonEngineKind
 from app.library.model import ModelEntry
-from app.routing.model import LaneInstall
 
 
 @dataclass(frozen=True)
@@ -49,48 +46,33 @@ def trained_context(folder: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-class MLXKind:
-    lane = "mlx"
-    offers = frozenset({"chat", "completions"})
-    memory = "runtime-managed"
+@dataclass(frozen=True, kw_only=True)
+class MLXKind(PythonEngineKind):
+    """MLX runs its own server (mlx_lm.server), not a worker of ours."""
 
-    @property
-    def formats(self) -> frozenset[str]:
-        return frozenset({"mlx", "safetensors"}) if apple_silicon() else frozenset({"mlx"})
-
-    def install(self, settings: Settings) -> LaneInstall:
-        hint = (
-            "switchyard engine install mlx (or pip install mlx-lm)"
-            if apple_silicon()
-            else "switchyard engine install mlx (or pip install 'mlx[cpu]' mlx-lm; Linux, glibc 2.35+)"
-        )
-        found = module_install(self.lane, "mlx_lm", "mlx-lm", hint=hint)
-        if found.installed and module_install(self.lane, "mlx", "mlx", hint=hint).installed is False:
-            return LaneInstall(self.lane, False, found.version, note=f"mlx-lm is here but mlx is not: {hint}")
-        return found
-
-    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
-        install = self.install(settings)
-        return None if install.installed else install.note
-
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
-        return frozenset({"chat", "completions"})
-
-    def build(
-        self,
-        entry: ModelEntry,
-        settings: Settings,
-        *,
-        ppid: int,
-        free_port: int,
-        hardware: Hardware | None,
-        used: Mapping[str, int] | None,
+    def launch(
+        self, entry: ModelEntry, settings: Settings, *, ppid: int, free_port: int, engine: EnginePython | None
     ) -> LaunchPlan:
-        refusal = self.start_refusal(settings, hardware)
-        if refusal:
-            raise EngineUnavailableError(f"cannot start {entry.id!r} on MLX: {refusal}")
-        engine = engine_python(self.lane, "mlx_lm", "mlx-lm")  # its own environment, if installed
         return mlx_plan(entry, settings, ppid=ppid, free_port=free_port, engine=engine)
+
+
+_APPLE = apple_silicon()  # plain safetensors run on MLX only on Apple Silicon, where the Metal build is
+MLX = MLXKind(
+    lane="mlx",
+    title="MLX",
+    runtime="mlx-lm",
+    module="mlx_lm",
+    dists=("mlx-lm",),
+    requires=(("mlx", "mlx"),),
+    hint=(
+        "switchyard engine install mlx (or pip install mlx-lm)"
+        if _APPLE
+        else "switchyard engine install mlx (or pip install 'mlx[cpu]' mlx-lm; Linux, glibc 2.35+)"
+    ),
+    formats=frozenset({"mlx", "safetensors"}) if _APPLE else frozenset({"mlx"}),
+    offers=frozenset({"chat", "completions"}),
+    memory="runtime-managed",
+)
 
 
 def model_link(folder: Path, model_id: str, *, root: Path) -> Path:
@@ -145,12 +127,12 @@ def mlx_plan(
     env = engine_process_env(settings_env(settings, kind="mlx"), engine, worker=False)
     env.update({"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub), "PYTHONUNBUFFERED": "1"})
     return LaunchPlan(
-        "mlx-lm",
-        argv,
-        env,
-        "/health",
-        free_port,
-        params,
+        runtime="mlx-lm",
+        argv=argv,
+        env=env,
+        health_path="/health",
+        port=free_port,
+        params=params,
         engine="mlx",
         memory="runtime-managed",
         cwd=str(root),

@@ -8,7 +8,6 @@ of a multi-speaker voice; a single-speaker voice accepts any name (clients alway
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import threading
@@ -19,7 +18,7 @@ from aiohttp import web
 
 from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
-from app.lanes.worker_params import PiperParams
+from app.lanes.worker_params import PiperParams, worker_command_line
 
 FORMATS = ("wav", "pcm")
 MAX_INPUT = 4096  # OpenAI's limit on `input`
@@ -97,13 +96,10 @@ def make_app(voice: Any, params: PiperParams) -> web.Application:
 
 def main(argv: list[str] | None = None) -> int:
     set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ap = argparse.ArgumentParser(prog="app.lanes.piper_worker")
-    ap.add_argument("--ppid", type=int, required=True)
-    ap.add_argument("--params", required=True)
-    args = ap.parse_args(argv)
-    if not guard_parent(args.ppid):
+    ppid, params_json = worker_command_line("app.lanes.piper_worker", argv)
+    if not guard_parent(ppid):
         return 3
-    params = PiperParams.from_json(args.params)
+    params = PiperParams.from_json(params_json)
     try:
         from piper import PiperVoice
     except ImportError:

@@ -30,9 +30,9 @@ CAPABILITIES = (
 MEMORY_KINDS = ("planned", "fraction", "runtime-managed", "fixed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
-    """Everything needed to start one engine process."""
+    """Everything needed to start one engine process; every field by name (ten of them, several alike)."""
 
     runtime: str
     argv: tuple[str, ...]

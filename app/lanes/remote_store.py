@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from app.core import statefile
 from app.core.errors import BadRequestError, RemoteExistsError, RemoteNotFoundError, SettingsError
-from app.core.secrets import SERVICE, Secret
+from app.core.vault import Secret, SessionVault
 
 FILE_NAME = "remotes.json"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
@@ -134,7 +134,7 @@ class RemoteStore:
     def __init__(self, path: Path, *, env: Mapping[str, str] | None = None) -> None:
         self.path = path
         self._env = env
-        self._session: dict[str, Secret] = {}
+        self.vault = SessionVault()  # keyring, then this process's memory
         self._lock = threading.Lock()
 
     @classmethod
@@ -194,11 +194,9 @@ class RemoteStore:
                 )
             if key is None:
                 return [*specs, stored]
-            problem.append(_keyring_set(spec.name, key))  # under the lock: never over another's key
-            if problem[0] is not None:
-                self._session[spec.name] = key
-            kept = "keyring" if problem[0] is None else "session"
-            return [*specs, dataclasses.replace(stored, key_kept=kept)]
+            kept = self.vault.put(_keyring_user(spec.name), key)  # under the lock: never over another's key
+            problem.append(kept.problem)
+            return [*specs, dataclasses.replace(stored, key_kept=kept.where)]
 
         with self._lock:
             new = self._update(add)
@@ -216,8 +214,7 @@ class RemoteStore:
 
         with self._lock:
             self._update(drop)
-            self._session.pop(name, None)
-            _keyring_delete(name)
+            self.vault.forget(_keyring_user(name))
         return gone[0]
 
     def record_seen(self, name: str, seen: tuple[SeenModel, ...]) -> None:
@@ -238,42 +235,5 @@ class RemoteStore:
         env = (os.environ if self._env is None else self._env).get(key_env_name(name), "").strip()
         if env:
             return Secret(env), "env"
-        value = _keyring_get(name)
-        if value:
-            return Secret(value), "keyring"
-        session = self._session.get(name)
-        return (session, "session") if session is not None else (None, None)
-
-
-def _keyring_set(name: str, key: Secret) -> str | None:
-    try:
-        import keyring
-        from keyring.errors import NoKeyringError
-    except ImportError:
-        return "the keyring package is not installed"
-    try:
-        keyring.set_password(SERVICE, _keyring_user(name), key.reveal())
-    except NoKeyringError:
-        return "no system keyring is available here"
-    except Exception as exc:  # locked, D-Bus gone: the key is still usable for this process
-        return f"the system keyring did not accept it ({type(exc).__name__})"
-    return None
-
-
-def _keyring_get(name: str) -> str | None:
-    try:
-        import keyring
-
-        value = keyring.get_password(SERVICE, _keyring_user(name))
-    except Exception:  # no backend, locked: not found here
-        return None
-    return value or None
-
-
-def _keyring_delete(name: str) -> None:
-    try:
-        import keyring
-
-        keyring.delete_password(SERVICE, _keyring_user(name))
-    except Exception:  # nothing stored there, or no keyring
-        pass
+        value, where, _ = self.vault.find(_keyring_user(name))  # a broken keyring reads as no key here
+        return value, where

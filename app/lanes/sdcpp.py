@@ -194,12 +194,12 @@ class SDCppKind:
         )
         argv = sd_argv(exe, params, port=free_port, ppid=ppid)
         return LaunchPlan(
-            "sd-server",
-            argv,
-            settings_env(settings, kind=self.lane),
-            HEALTH_PATH,
-            free_port,
-            params,
+            runtime="sd-server",
+            argv=argv,
+            env=settings_env(settings, kind=self.lane),
+            health_path=HEALTH_PATH,
+            port=free_port,
+            params=params,
             engine=self.lane,
             memory=self.memory,
         )

@@ -21,7 +21,7 @@ import aiohttp
 
 from app.core.errors import CapabilityMissingError, LaneBusyError, LaneNotFoundError
 from app.core.events import EventBus
-from app.core.pins import load_pins
+from app.core.pins import PinStore
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.hardware.probe import read_memory
@@ -69,10 +69,10 @@ class Supervisor:
         bus: EventBus,
         log_dir: Path,
         on_ready: Callable[[Lane], None] | None = None,
-        pins_file: Path | None = None,
+        pins: PinStore | None = None,
     ) -> None:
         self._on_ready = on_ready
-        self.pins_file = pins_file
+        self.pins = pins
         self.catalog = catalog
         self.settings = settings
         self.bus = bus
@@ -107,7 +107,7 @@ class Supervisor:
     # ---- lanes ---------------------------------------------------------------------------------
     def kind_for(self, entry: ModelEntry) -> EngineKind:
         """The engine kind that starts `entry`: its pin, else the first for its format that can start here."""
-        pinned = load_pins(self.pins_file).get(entry.id) if self.pins_file else None
+        pinned = self.pins.get(entry.id) if self.pins else None
         return choose_kind(entry, self.settings, kinds=self.kinds, hardware=self.hardware, pinned=pinned)
 
     def capabilities(self, entry: ModelEntry) -> frozenset[str]:
@@ -215,20 +215,14 @@ class Supervisor:
         excess = len(others) + 1 - self._limit(target.kind)
         victims = sorted(others, key=lambda ln: (ln.in_flight > 0, ln.last_used or 0))[: max(0, excess)]
         for victim in victims:
-            victim.draining = True
-            try:
-                deadline = time.monotonic() + self.settings.drain_timeout_s
-                while victim.in_flight > 0:
-                    if time.monotonic() > deadline:
-                        raise LaneBusyError(
-                            f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
-                            f"{victim.in_flight} request(s) and only {self._limit(target.kind)} "
-                            f"{target.kind} lane(s) may be loaded; retry, or raise max_loaded_lanes"
-                        )
-                    await asyncio.sleep(0.05)
+            async with victim.drained(wait_s=self.settings.drain_timeout_s) as idle:
+                if not idle:
+                    raise LaneBusyError(
+                        f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
+                        f"{victim.in_flight} request(s) and only {self._limit(target.kind)} "
+                        f"{target.kind} lane(s) may be loaded; retry, or raise max_loaded_lanes"
+                    )
                 await victim.stop(reason=f"swapped out for {target.model_id}")
-            finally:
-                victim.draining = False
 
     async def ensure(self, model_id: str, *, entry: ModelEntry | None = None) -> Lane:
         """The lane for `model_id`, ready. Starts it (making room first) if needed. `entry`: the catalog's
@@ -248,15 +242,10 @@ class Supervisor:
         """Hold a lane for one request: counts as in flight, refreshes last_used."""
         while True:
             lane = await self.ensure(model_id, entry=entry)
-            if lane.available:  # nothing can intervene between this check and the increment
+            if lane.available:  # nothing can intervene between this check and the count
                 break
-        lane.in_flight += 1
-        lane.last_used = time.time()
-        try:
+        with lane.request():
             yield lane
-        finally:
-            lane.in_flight -= 1
-            lane.last_used = time.time()
 
     async def load(self, model_id: str) -> Lane:
         return await self.ensure(model_id)

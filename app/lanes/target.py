@@ -22,8 +22,12 @@ class Target(Protocol):
     id: str
     model_id: str
     engine: str
-    in_flight: int
-    last_used: float | None
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def last_used(self) -> float | None: ...
 
     @property
     def available(self) -> bool: ...

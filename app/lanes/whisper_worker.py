@@ -7,7 +7,6 @@ verbose_json), temperature. One decode at a time: a whisper context is not safe 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
 from typing import Any
@@ -18,7 +17,7 @@ from aiohttp import web
 from app.lanes.audio import RATE, AudioError, decode
 from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
-from app.lanes.worker_params import WhisperParams
+from app.lanes.worker_params import WhisperParams, worker_command_line
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MAX_UPLOAD = 25 << 20  # OpenAI's limit
@@ -126,13 +125,10 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
 
 def main(argv: list[str] | None = None) -> int:
     set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ap = argparse.ArgumentParser(prog="app.lanes.whisper_worker")
-    ap.add_argument("--ppid", type=int, required=True)
-    ap.add_argument("--params", required=True)
-    args = ap.parse_args(argv)
-    if not guard_parent(args.ppid):
+    ppid, params_json = worker_command_line("app.lanes.whisper_worker", argv)
+    if not guard_parent(ppid):
         return 3
-    params = WhisperParams.from_json(args.params)
+    params = WhisperParams.from_json(params_json)
     try:
         from pywhispercpp.model import Model
     except ImportError:

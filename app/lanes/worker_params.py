@@ -3,18 +3,82 @@
 They live apart from the kind modules on purpose: a worker may run under an engine's own virtual
 environment (app/lanes/engine_store.py), which holds the engine and aiohttp but none of Switchyard's
 other dependencies (gguf, huggingface_hub ...). So a worker imports only this module, the standard
-library, and the few light `app.lanes` modules named in app/lanes/engines.toml; never a kind module.
+library, app.core.errors and the few light `app.lanes` modules named in app/lanes/engines.toml; never a
+kind module. Each params class is a frozen dataclass with the JsonParams mixin: one JSON shape, checked.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass
+from typing import Any, Self
+
+from app.core.errors import EngineStartError  # standard library only, like this module
+
+
+def _checked(name: str, value: Any, hint: Any) -> Any:
+    """`value` as the field's type (a JSON list becomes a tuple), or TypeError saying what was expected."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in args:
+            try:
+                return _checked(name, value, arm)
+            except TypeError:
+                continue
+    elif origin is tuple and isinstance(value, list | tuple):
+        return tuple(_checked(name, item, args[0] if args else Any) for item in value)
+    elif hint is Any or (hint is type(None) and value is None):
+        return value
+    # bool is an int to isinstance: a JSON true is never a count, nor a count a flag
+    elif hint in (int, float) and isinstance(value, int | float) and not isinstance(value, bool):
+        if hint is float or isinstance(value, int):
+            return hint(value)
+    elif hint in (str, bool) and isinstance(value, hint):
+        return value
+    raise TypeError(f"{name} must be {getattr(hint, '__name__', hint)}, not {type(value).__name__}")
+
+
+def worker_command_line(prog: str, argv: list[str] | None = None) -> tuple[int, str]:
+    """(server pid, params JSON) from a worker's `--ppid N --params JSON`, as app.lanes.kind.worker_argv
+    writes it; the JSON is read apart (`XParams.from_json`) so each worker ties itself to the server first."""
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--ppid", type=int, required=True)
+    ap.add_argument("--params", required=True)
+    args = ap.parse_args(argv)
+    return args.ppid, args.params
+
+
+class JsonParams:
+    """to_json/from_json for a frozen dataclass of JSON scalars, None and tuples, checked field by field."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        """The params a worker was started with; EngineStartError when they are not this class's shape."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise TypeError(f"expected a JSON object, not {type(data).__name__}")
+            hints = typing.get_type_hints(cls)
+            fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+            if unknown := sorted(set(data) - fields):
+                raise TypeError(f"unknown fields {', '.join(unknown)}")
+            return cls(**{k: _checked(k, v, hints[k]) for k, v in data.items()})
+        except (ValueError, TypeError) as exc:
+            raise EngineStartError(
+                f"the {cls.__name__} this worker was started with are not valid ({exc}); the worker and the "
+                "server come from different Switchyard versions: restart Switchyard"
+            ) from exc
 
 
 @dataclass(frozen=True)
-class LlamaParams:
+class LlamaParams(JsonParams):
     model_path: str
     alias: str
     ctx_size: int  # total across slots, as llama.cpp's -c
@@ -27,54 +91,25 @@ class LlamaParams:
     pooling: str | None
     cache_ram_mib: int = 512
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> LlamaParams:
-        return cls(**json.loads(text))
-
 
 @dataclass(frozen=True)
-class PiperParams:
+class PiperParams(JsonParams):
     model_path: str
     config_path: str
     alias: str
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> PiperParams:
-        return cls(**json.loads(text))
-
 
 @dataclass(frozen=True)
-class WhisperParams:
+class WhisperParams(JsonParams):
     model_path: str
     alias: str
     threads: int
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> WhisperParams:
-        return cls(**json.loads(text))
-
 
 @dataclass(frozen=True)
-class MistralRsParams:
+class MistralRsParams(JsonParams):
     model_path: str  # the GGUF file (its first part) or the model folder
     alias: str
     source: str  # "gguf" (Which.GGUF) or "plain" (Which.Plain: a Hugging Face folder)
     files: tuple[str, ...]  # the GGUF file names (every part) in model_path's folder; () for a folder
     max_seqs: int  # sequences the engine batches at once
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> MistralRsParams:
-        data = json.loads(text)
-        return cls(**{**data, "files": tuple(data.get("files") or ())})

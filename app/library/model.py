@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.formats.detect import ModelFormat, detect_format
 from app.formats.gguf_meta import GGUFFacts
 
 # where a model was found; `download`: in the HF cache and fetched by `switchyard pull`
@@ -75,6 +76,12 @@ class ModelEntry:
     files: tuple[FileInfo, ...] = ()
     origin: Origin | None = None
     quant: str | None = None  # Q4_K_M, ... from the file name (HF cache models), for `repo:QUANT`
+    # what the scan's detect_format found (non-GGUF entries; GGUFs carry `facts` from the header cache)
+    detected: ModelFormat | None = field(default=None, compare=False, repr=False)
+
+    def model_format(self) -> ModelFormat:
+        """The detected format: the scan's, or (for an entry made without one) read from `path` now."""
+        return self.detected if self.detected is not None else detect_format(self.path)
 
     @property
     def ok(self) -> bool:

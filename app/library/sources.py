@@ -131,6 +131,7 @@ def other_entry(
         location=location,
         files=files,
         origin=origin,
+        detected=fmt,
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.paths import Paths
-from app.core.pins import load_pins
+from app.core.pins import PinStore
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem
 from app.library.db import Database
 from app.library.model import FileInfo, ModelEntry
@@ -37,9 +37,9 @@ def _digest(e: ModelEntry) -> str:
 
 
 class Library:
-    def __init__(self, db: Database, *, pins_file: Path | None = None, footprints_file: Path | None = None):
+    def __init__(self, db: Database, *, pins: PinStore | None = None, footprints_file: Path | None = None):
         self.db = db
-        self.pins_file = pins_file
+        self.pin_store = pins  # pins.json's owner; the pins table mirrors it for queries
         if footprints_file is not None:
             self._import_footprints_json(footprints_file)
 
@@ -47,7 +47,7 @@ class Library:
     def open(cls, paths: Paths) -> Library:
         paths.home.mkdir(parents=True, exist_ok=True)
         return cls(
-            Database(paths.library_db), pins_file=paths.pins_file, footprints_file=paths.footprints_file
+            Database(paths.library_db), pins=PinStore(paths.pins_file), footprints_file=paths.footprints_file
         )
 
     @property
@@ -173,10 +173,10 @@ class Library:
 
     def _pins_changed(self) -> dict[str, str] | None:
         """pins.json (the source of truth `switchyard pin` writes) when it differs from the pins table."""
-        if self.pins_file is None:
+        if self.pin_store is None:
             return None
         try:
-            pins = load_pins(self.pins_file)
+            pins = self.pin_store.all()
         except Exception:  # a broken pins.json is reported by doctor and the supervisor, not by a scan
             return None
         have = {r["model_id"]: r["lane"] for r in self.db.query("SELECT model_id, lane FROM pins")}

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
-import json
+from typing import Any
 
 from aiohttp import web
 
 from app import __version__
-from app.core.pins import load_pins
-from app.explain import explain
-from app.hardware.probe import read_memory
 from app.server.keys import RUNTIME
 from app.server.request_input import query_int
 from app.server.request_keys import MODEL
+from app.server.sse import event_stream
 
 routes = web.RouteTableDef()
 
@@ -82,22 +77,11 @@ async def lane_detail(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: a `snapshot` of the lanes first, then every event as it happens."""
     rt = request.app[RUNTIME]
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    async with rt.bus.subscribe() as q:
-        await resp.write(
-            f"event: snapshot\ndata: {json.dumps({'lanes': rt.supervisor.snapshot()})}\n\n".encode()
-        )
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            while True:
-                try:
-                    ev = await asyncio.wait_for(q.get(), 15)
-                except TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
-                    continue
-                payload = json.dumps({"ts": ev.ts, **ev.data})
-                await resp.write(f"event: {ev.kind}\ndata: {payload}\n\n".encode())
-    return resp
+
+    async def snapshot() -> dict[str, Any]:
+        return {"lanes": rt.supervisor.snapshot()}
+
+    return await event_stream(request, bus=rt.bus, snapshot=snapshot)
 
 
 @routes.get("/api/models/{model_id:.+}/explain")
@@ -106,24 +90,11 @@ async def explain_model(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     model = request.match_info["model_id"]
     request[MODEL] = model
-    entry = rt.catalog.get(model, allow_broken=True)
-    hw = await rt.hardware_with_bandwidth()
-    pins = load_pins(rt.paths.pins_file)
-    lane = rt.supervisor.lanes.get(model)
-    doc = await asyncio.to_thread(
-        explain,
-        entry,
-        settings=rt.settings,
-        hardware=dataclasses.replace(hw, memory=read_memory()),
-        pins=pins,
-        used=rt.supervisor.gpu_used(exclude=model),
-        lane=lane.snapshot() if lane else None,
-        recorded=rt.footprints.get(model, path=entry.path),
-    )
-    return web.json_response(doc)
+    found = await rt.explain(model)
+    return web.json_response(found.public())
 
 
 @routes.get("/api/hardware")
 async def hardware(request: web.Request) -> web.Response:
-    hw = await request.app[RUNTIME].hardware_with_bandwidth()
-    return web.json_response(dataclasses.replace(hw, memory=read_memory()).public())
+    hw = await request.app[RUNTIME].hardware_now()
+    return web.json_response(hw.public())

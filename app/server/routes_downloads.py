@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 from typing import Any
 
 from aiohttp import web
 
 from app.core.errors import BadRequestError
+from app.core.events import Event
 from app.hub.download import DownloadManager
+from app.hub.refs import split_ref
 from app.server.keys import RUNTIME
+from app.server.sse import event_stream
 from app.server.validate import parse_body
 
 routes = web.RouteTableDef()
@@ -30,12 +30,6 @@ def _str(body: dict[str, Any], name: str, *, required: bool = False) -> str | No
     if not isinstance(value, str):
         raise BadRequestError(f"{name!r} must be a string", param=name)
     return value.strip()
-
-
-def split_ref(ref: str) -> tuple[str, str | None]:
-    """`org/name:Q4_K_M` -> ("org/name", "Q4_K_M"); `org/name` -> ("org/name", None)."""
-    repo, sep, selector = ref.partition(":")
-    return repo.strip(), (selector.strip() or None) if sep else None
 
 
 @routes.post("/api/downloads")
@@ -65,24 +59,14 @@ async def events(request: web.Request) -> web.StreamResponse:
     `?id=JOB` follows one job only."""
     rt = request.app[RUNTIME]
     only = request.query.get("id")
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    async with rt.bus.subscribe() as q:
-        jobs = [j.public() for j in rt.downloads.all_jobs() if only is None or j.id == only]
-        await resp.write(f"event: snapshot\ndata: {json.dumps({'downloads': jobs})}\n\n".encode())
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            while True:
-                try:
-                    ev = await asyncio.wait_for(q.get(), 15)
-                except TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
-                    continue
-                if not ev.kind.startswith("download.") or (only is not None and ev.data.get("id") != only):
-                    continue
-                await resp.write(
-                    f"event: {ev.kind}\ndata: {json.dumps({'ts': ev.ts, **ev.data})}\n\n".encode()
-                )
-    return resp
+
+    async def snapshot() -> dict[str, Any]:
+        return {"downloads": [j.public() for j in rt.downloads.all_jobs() if only is None or j.id == only]}
+
+    def keep(ev: Event) -> bool:
+        return ev.kind.startswith("download.") and (only is None or ev.data.get("id") == only)
+
+    return await event_stream(request, bus=rt.bus, snapshot=snapshot, keep=keep)
 
 
 @routes.get("/api/downloads/{job_id}")

@@ -8,8 +8,6 @@ from a request are checked against the manifest before they name a folder.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +18,7 @@ from app.lanes.engine_list import engine_rows
 from app.lanes.engine_store import EngineState, spec_for
 from app.runtime import Runtime
 from app.server.keys import RUNTIME
+from app.server.sse import event_stream
 from app.server.validate import parse_body
 
 routes = web.RouteTableDef()
@@ -53,22 +52,13 @@ async def listing(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: a `snapshot` of the engines and jobs first, then every `engine.*` event."""
     rt = request.app[RUNTIME]
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    async with rt.bus.subscribe() as q:
-        snap = {"engines": await _rows(rt), "jobs": [j.public() for j in rt.engines.all()]}
-        await resp.write(f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode())
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            while True:
-                try:
-                    ev = await asyncio.wait_for(q.get(), 15)
-                except TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
-                    continue
-                if ev.kind.startswith("engine."):
-                    payload = json.dumps({"ts": ev.ts, **ev.data})
-                    await resp.write(f"event: {ev.kind}\ndata: {payload}\n\n".encode())
-    return resp
+
+    async def snapshot() -> dict[str, Any]:
+        return {"engines": await _rows(rt), "jobs": [j.public() for j in rt.engines.all()]}
+
+    return await event_stream(
+        request, bus=rt.bus, snapshot=snapshot, keep=lambda ev: ev.kind.startswith("engine.")
+    )
 
 
 @routes.get("/api/engines/jobs/{job_id}")

@@ -8,15 +8,11 @@ rendered as the usual envelope by the errors middleware: 404 hub_repo_not_found,
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from aiohttp import web
 
-from app.core.pins import load_pins
-from app.hardware.probe import read_memory
 from app.hub.api import SearchQuery
 from app.hub.browse import Hub
-from app.remote_fit import fit_detail
 from app.server.keys import RUNTIME
 from app.server.request_input import query_flag, query_int
 
@@ -78,15 +74,5 @@ async def hub_model(request: web.Request) -> web.Response:
         client.detail, repo, revision=revision, card=_flag(request, "card", True)
     )
     if fit:
-        hw = await rt.hardware_with_bandwidth()
-        await asyncio.to_thread(
-            fit_detail,
-            detail,
-            reader=client.reader,
-            settings=rt.settings,
-            hardware=dataclasses.replace(hw, memory=read_memory()),
-            pins=load_pins(rt.paths.pins_file),
-            used=rt.supervisor.gpu_used(),
-            only=only,
-        )
+        await rt.fit_hub_model(detail, reader=client.reader, only=only)
     return web.json_response(detail.public())

@@ -1,7 +1,7 @@
 """The "Why" of a fit verdict: memory bars per device, placements, largest context, lanes and reasons.
 
-Takes either a local explanation (app.explain) or a hub quantization verdict (app.remote_fit); both carry
-the same memory plan.
+Takes either a local explanation (app.advice.explain) or a hub quantization verdict (app.advice.hub_fit);
+both carry the same memory plan.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class MemoryBar(QWidget):
 
 def normalize(doc: dict[str, Any]) -> dict[str, Any]:
     """One shape for both sources: summary, plan (fit), lane, reasons, rejections, hardware."""
-    if "decision" in doc:  # app.explain
+    if "decision" in doc:  # app.advice.explain
         d = doc["decision"]
         return {
             "title": doc.get("model"),

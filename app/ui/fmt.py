@@ -5,17 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.remote_fit import VERDICT_WORDS
+from app.advice.hub_fit import VERDICT_WORDS
+from app.core.units import fmt_bytes
 
 
 def size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    return f"{n / 1024:.1f} KiB"
+    return fmt_bytes(n)
 
 
 def count(n: int | None) -> str:

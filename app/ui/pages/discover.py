@@ -4,7 +4,6 @@ for this machine and its Why), Download buttons and the downloads panel fed by `
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -22,10 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.pins import load_pins
-from app.hardware.probe import read_memory
 from app.hub.api import FORMAT_FILTERS, SORTS, SearchQuery
-from app.remote_fit import fit_detail
 from app.ui import fmt
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
@@ -180,16 +176,7 @@ class DiscoverPage(Page):
         if self._opening != repo:
             return
         self._show_detail(detail.public(), checking=True)
-        hw = await rt.hardware_with_bandwidth()
-        await asyncio.to_thread(
-            fit_detail,
-            detail,
-            reader=client.reader,
-            settings=rt.settings,
-            hardware=dataclasses.replace(hw, memory=read_memory()),
-            pins=load_pins(rt.paths.pins_file),
-            used=rt.supervisor.gpu_used(),
-        )
+        await rt.fit_hub_model(detail, reader=client.reader)
         if self._opening == repo:
             self._show_detail(detail.public(), checking=False)
 

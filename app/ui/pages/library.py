@@ -4,7 +4,6 @@ Chat, Explain, Delete (confirmed; refused while loaded) and Import (button or dr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.errors import ModelInUseError
-from app.core.pins import load_pins
-from app.explain import explain
-from app.hardware.probe import read_memory
 from app.library.importer import import_model
 from app.library.listing import listing
 from app.library.remove import remove_model
@@ -93,26 +89,20 @@ class LibraryPage(Page):
 
     async def _refresh(self) -> None:
         rt = self.desk.runtime
-        hw = rt.hardware
-        pins = load_pins(rt.paths.pins_file)
 
         def read() -> list[dict[str, Any]]:
             docs = listing(rt.library, rt.catalog)
             for d in docs:
                 d["fit_text"] = "-"
                 d["lane_text"] = "-"
-                if hw is None or d.get("problem"):
+                if rt.hardware is None or d.get("problem"):
                     d["fit_text"] = "broken" if d.get("problem") else "-"
                     continue
                 try:
-                    entry = rt.catalog.get(d["id"], allow_broken=True)
-                    doc = explain(
-                        entry,
-                        settings=rt.settings,
-                        hardware=dataclasses.replace(hw, memory=read_memory()),
-                        pins=pins,
-                        used=rt.supervisor.gpu_used(exclude=d["id"]),
-                    )
+                    found = rt.explain_brief(d["id"])
+                    if found is None:  # not probed (plan_memory off)
+                        continue
+                    doc = found.public()
                     # the lane this model would start on (its pin wins), as `switchyard explain` says
                     chosen = (doc.get("decision") or {}).get("lane")
                     d["lane_text"] = title(chosen) if chosen else "none"
@@ -212,21 +202,8 @@ class LibraryPage(Page):
         return self.desk.spawn(self._explain(mid), report=self.report)
 
     async def _explain(self, mid: str) -> ExplainDialog:
-        rt = self.desk.runtime
-        entry = rt.catalog.get(mid, allow_broken=True)
-        hw = await rt.hardware_with_bandwidth()
-        lane = rt.supervisor.lanes.get(mid)
-        doc = await asyncio.to_thread(
-            explain,
-            entry,
-            settings=rt.settings,
-            hardware=dataclasses.replace(hw, memory=read_memory()),
-            pins=load_pins(rt.paths.pins_file),
-            used=rt.supervisor.gpu_used(exclude=mid),
-            lane=lane.snapshot() if lane else None,
-            recorded=rt.footprints.get(mid, path=entry.path),
-        )
-        dlg = ExplainDialog(mid, doc, self)
+        found = await self.desk.runtime.explain(mid)
+        dlg = ExplainDialog(mid, found.public(), self)
         self.dialogs.append(dlg)
         dlg.show()
         return dlg

@@ -6,17 +6,13 @@ model's `model_overrides` entry in settings.json (applied the next time Switchya
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox
 
 from app.core.errors import SettingsError
-from app.core.pins import load_pins, set_pin
 from app.core.settings import KV_TYPES, load_settings
 from app.core.settings_file import update_settings
-from app.explain import explain, explain_pin
-from app.hardware.probe import read_memory
 from app.routing.engines import LANES
 
 if TYPE_CHECKING:
@@ -87,7 +83,7 @@ class TunePanel(QGroupBox):
         self.kv.setCurrentText(str(over.get("kv_type", s.kv_type)))
         for w in (self.ctx, self.gpu_layers, self.kv):
             w.blockSignals(False)
-        pinned = load_pins(self.desk.paths.pins_file).get(model_id)
+        pinned = self.desk.runtime.pins.get(model_id)
         self.lane.setCurrentIndex(max(self.lane.findData(pinned), 0))
         self.recompute()
 
@@ -102,24 +98,11 @@ class TunePanel(QGroupBox):
         return self._task
 
     async def _compute(self, mid: str, values: dict[str, Any]) -> None:
-        rt = self.desk.runtime
-        over = dict(rt.settings.model_overrides)
-        over[mid] = {**over.get(mid, {}), **values}
-        settings = rt.settings.with_changes(model_overrides=over)
-        entry = rt.catalog.get(mid, allow_broken=True)
-        hw = await rt.hardware_with_bandwidth()
-        doc = await asyncio.to_thread(
-            explain,
-            entry,
-            settings=settings,
-            hardware=dataclasses.replace(hw, memory=read_memory()),
-            pins=load_pins(rt.paths.pins_file),
-            used=rt.supervisor.gpu_used(exclude=mid),
-        )
-        fit = doc.get("fit")
-        self.result = {"values": values, "fit": fit, "problem": doc.get("fit_problem")}
+        found = await self.desk.runtime.explain(mid, overrides=values)
+        fit = found.fit.public() if found.fit else None
+        self.result = {"values": values, "fit": fit, "problem": found.fit_problem}
         if fit is None:
-            self.verdict.setText(doc.get("fit_problem") or "no memory estimate for this model")
+            self.verdict.setText(found.fit_problem or "no memory estimate for this model")
         elif fit["fits"]:
             self.verdict.setText(f"<span style='color:#2e7d32'>Fits</span>: {fit['summary']}")
         else:
@@ -134,17 +117,15 @@ class TunePanel(QGroupBox):
         return self.desk.spawn(self._pin(self.model, lane), report=self.verdict.setText)
 
     async def _pin(self, mid: str, lane: str | None) -> None:
-        pins_file = self.desk.paths.pins_file
+        rt = self.desk.runtime
         if lane is not None:
-            why = await asyncio.to_thread(
-                explain_pin, mid, lane, settings=self.desk.runtime.settings, paths=self.desk.paths
-            )
+            why = await rt.check_pin(mid, lane)
             if why:
-                self.lane.setCurrentIndex(max(self.lane.findData(load_pins(pins_file).get(mid)), 0))
+                self.lane.setCurrentIndex(max(self.lane.findData(rt.pins.get(mid)), 0))
                 self.verdict.setText(f"Not pinned to {lane}: {why}")
                 return
         # one pin changed under the file's lock: pins set meanwhile by the CLI or the server are kept
-        await asyncio.to_thread(set_pin, pins_file, mid, lane)
+        await asyncio.to_thread(rt.pins.set, mid, lane)
         self.verdict.setText(f"{mid} pinned to {lane}" if lane else f"{mid} is no longer pinned")
 
     def save(self) -> bool:

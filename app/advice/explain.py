@@ -1,26 +1,33 @@
 """`switchyard explain`: the routing decision and the memory plan for one model, as JSON and as text.
 
-The CLI, `GET /api/models/{id}/explain` and (later) the GUI all render this one object.
+The CLI, `GET /api/models/{id}/explain` and the GUI all render this one `Explanation`; `.public()` is its
+JSON, made only where it leaves the process (or reaches a view that renders JSON).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.advice.inputs import AdviceInputs, local_inputs, with_overrides
+from app.core.paths import Paths
 from app.core.settings import Settings
+from app.core.units import fmt_bytes
 from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
-from app.fit.memory import MIB
 from app.fit.plan import FitReport, rate
-from app.formats.detect import ModelKind, detect_format
+from app.formats.detect import ModelKind
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
 from app.lanes.installed import installed_lanes
 from app.lanes.llamacpp import fit_for, requested_ctx
 from app.library.catalog import ModelEntry
-from app.routing import FitCheck, decide
+from app.library.footprints import LibraryFootprints
+from app.library.opening import open_catalog
+from app.routing import Decision, FitCheck, check_pin, decide
 
 
 def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
@@ -52,22 +59,80 @@ def entry_for_path(path: Path) -> ModelEntry:
     return ModelEntry(path.stem, path, facts, None, (path,))
 
 
+@dataclass(frozen=True)
+class Requested:
+    """What the model would be started with: its context (0 with ctx_auto: planned), slots and KV type."""
+
+    ctx_size: int
+    ctx_auto: bool
+    parallel: int
+    kv_type: str
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "ctx_size": self.ctx_size,
+            "ctx_auto": self.ctx_auto,
+            "parallel": self.parallel,
+            "kv_type": self.kv_type,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One model's routing decision and memory plan. `fit` None: no plan (`fit_problem` says why), or a
+    format planned per engine (`gpu_shares`); `loaded` / `last_measured`: the lane now and the last load."""
+
+    model: str
+    path: Path
+    format: ModelKind
+    problem: str | None
+    decision: Decision
+    fit: FitReport | None
+    fit_problem: str | None
+    gpu_shares: dict[str, dict[str, Any]] | None
+    requested: Requested
+    facts: GGUFFacts | None
+    hardware: Hardware
+    loaded: dict[str, Any] | None = None
+    last_measured: dict[str, Any] | None = None
+
+    @property
+    def lane(self) -> str | None:
+        return self.decision.lane
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "path": str(self.path),
+            "format": self.format.value,
+            "problem": self.problem,
+            "decision": self.decision.public(),
+            "decision_text": self.decision.render_text(),
+            "fit": self.fit.public() if self.fit else None,
+            "fit_problem": self.fit_problem,
+            "gpu_shares": self.gpu_shares,
+            "requested": self.requested.public(),
+            "facts": self.facts.public() if self.facts else None,
+            "hardware": _hw_summary(self.hardware),
+            "loaded": self.loaded,
+            "last_measured": self.last_measured,
+        }
+
+
 def explain(
     entry: ModelEntry,
     *,
-    settings: Settings,
-    hardware: Hardware,
-    pins: dict[str, str],
-    used: dict[str, int] | None = None,
+    inputs: AdviceInputs,
     lane: dict[str, Any] | None = None,
     recorded: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Explanation:
     """`lane`: the loaded lane's snapshot; `recorded`: the last load's predicted and measured memory."""
-    fmt = detect_format(entry.path)
+    settings, hardware = inputs.settings, inputs.hardware
+    fmt = entry.model_format()
     report: FitReport | None = None
     fit_problem: str | None = None
     if fmt.kind is ModelKind.GGUF and entry.ok:
-        r = fit_for(entry, settings, hardware=hardware, used=used)
+        r = fit_for(entry, settings, hardware=hardware, used=dict(inputs.used))
         if isinstance(r, GGUFProblem):
             fit_problem = r.reason
         else:
@@ -91,30 +156,50 @@ def explain(
         return _same_file_check(lane_name, report, settings)
 
     decision = decide(
-        fmt, hardware=hardware, installed=installed_lanes(settings), pins=pins, model_id=entry.id, fit=fit
+        fmt,
+        hardware=hardware,
+        installed=installed_lanes(settings),
+        pins=dict(inputs.pins),
+        model_id=entry.id,
+        fit=fit,
     )
     ctx, auto = requested_ctx(entry, settings) if entry.ok and entry.facts else (0, True)
-    return {
-        "model": entry.id,
-        "path": str(entry.path),
-        "format": fmt.kind.value,
-        "problem": entry.problem or fmt.problem,
-        "decision": decision.public(),
-        "decision_text": decision.render_text(),
-        "fit": report.public() if report else None,
-        "fit_problem": fit_problem,
-        "gpu_shares": shares or None,
-        "requested": {
-            "ctx_size": ctx,
-            "ctx_auto": auto,
-            "parallel": settings.override(entry.id, "parallel", settings.parallel),
-            "kv_type": settings.override(entry.id, "kv_type", settings.kv_type),
-        },
-        "facts": entry.facts.public() if isinstance(entry.facts, GGUFFacts) else None,
-        "hardware": _hw_summary(hardware),
-        "loaded": lane,
-        "last_measured": recorded,
-    }
+    return Explanation(
+        model=entry.id,
+        path=entry.path,
+        format=fmt.kind,
+        problem=entry.problem or fmt.problem,
+        decision=decision,
+        fit=report,
+        fit_problem=fit_problem,
+        gpu_shares=shares or None,
+        requested=Requested(
+            ctx_size=ctx,
+            ctx_auto=auto,
+            parallel=settings.override(entry.id, "parallel", settings.parallel),
+            kv_type=settings.override(entry.id, "kv_type", settings.kv_type),
+        ),
+        facts=entry.facts if isinstance(entry.facts, GGUFFacts) else None,
+        hardware=hardware,
+        loaded=lane,
+        last_measured=recorded,
+    )
+
+
+def explain_local(
+    model: str, *, settings: Settings, paths: Paths, overrides: Mapping[str, Any] | None = None
+) -> Explanation:
+    """`switchyard explain` with no server: `model` is a catalog id or a path to a model file; `overrides`
+    win over the model's model_overrides entry."""
+    settings = with_overrides(settings, model, overrides)
+    target = Path(model).expanduser()
+    library, catalog = open_catalog(settings, paths)  # measured footprints live in library.db
+    try:
+        entry = entry_for_path(target.resolve()) if target.exists() else catalog.get(model, allow_broken=True)
+        recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
+    finally:
+        library.close()
+    return explain(entry, inputs=local_inputs(settings, paths), recorded=recorded)
 
 
 def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) -> dict[str, dict[str, Any]]:
@@ -155,12 +240,6 @@ def _hw_summary(hw: Hardware) -> dict[str, Any]:
     }
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / MIB:.1f} MiB"
-
-
 def render(doc: dict[str, Any]) -> str:
     """The explanation as terminal text: decision, memory per device, placements, advice, measured."""
     out = [doc["decision_text"].rstrip(), ""]
@@ -190,9 +269,9 @@ def render(doc: dict[str, Any]) -> str:
         )
         for d in chosen["devices"]:
             out.append(
-                f"  {d['device']:<8}{_size(d['weights']):>12}{_size(d['kv_cache']):>12}"
-                f"{_size(d['compute']):>12}{_size(d['overhead']):>12}{_size(d['prompt_cache']):>14}"
-                f"{_size(d['total']):>12}"
+                f"  {d['device']:<8}{fmt_bytes(d['weights']):>12}{fmt_bytes(d['kv_cache']):>12}"
+                f"{fmt_bytes(d['compute']):>12}{fmt_bytes(d['overhead']):>12}{fmt_bytes(d['prompt_cache']):>14}"
+                f"{fmt_bytes(d['total']):>12}"
             )
     out.append("placements:")
     for p in fit["placements"]:
@@ -203,10 +282,10 @@ def render(doc: dict[str, Any]) -> str:
             f"{speed}"
         )
         for dev, short in p["short_by"].items():
-            out.append(f"           short by {_size(short)} on {dev}")
+            out.append(f"           short by {fmt_bytes(short)} on {dev}")
     for a in fit["advice"]:
         out.append(f"  to make it fit: {a}")
-    free = ", ".join(f"{k} {_size(v)}" for k, v in fit["budget"].items())
+    free = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in fit["budget"].items())
     out.append(f"free for this model: {free}")
     loaded = doc.get("loaded")
     heading = "loaded now:"
@@ -222,27 +301,17 @@ def render(doc: dict[str, Any]) -> str:
         pdev = {d["device"]: d for d in ((loaded or {}).get("predicted") or {}).get("devices", [])}
         for dev, comps in m["devices"].items():
             p = pdev.get(dev, {})
-            parts = [f"{c} {_size(p.get(c))} / {_size(v)}" for c, v in comps.items() if c != "output"]
+            parts = [f"{c} {fmt_bytes(p.get(c))} / {fmt_bytes(v)}" for c, v in comps.items() if c != "output"]
             out.append(f"    {dev}: " + ", ".join(parts))
     if m.get("rss_bytes"):
-        out.append(f"    engine process RSS {_size(m.get('rss_bytes'))}")
+        out.append(f"    engine process RSS {fmt_bytes(m.get('rss_bytes'))}")
     return "\n".join(out)
 
 
-def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Any) -> str | None:
-    """Why `lane` cannot run `model_id` here (None: the pin is fine)."""
-    from app.cli_library import open_catalog
-    from app.hardware.probe import probe
-    from app.routing import check_pin
-
-    library, catalog = open_catalog(settings, paths)
-    try:
-        entry = catalog.get(model_id, allow_broken=True)
-    finally:
-        library.close()
-    fmt = detect_format(entry.path)
-    hw = probe(engine=False)
-    report = fit_for(entry, settings, hardware=hw) if entry.ok and fmt.kind is ModelKind.GGUF else None
+def pin_refusal(entry: ModelEntry, lane: str, *, settings: Settings, hardware: Hardware) -> str | None:
+    """Why `lane` cannot run `entry` on `hardware` (None: the pin is fine)."""
+    fmt = entry.model_format()
+    report = fit_for(entry, settings, hardware=hardware) if entry.ok and fmt.kind is ModelKind.GGUF else None
 
     def fit(lane_name: str) -> FitCheck | None:
         if not isinstance(report, FitReport):
@@ -251,4 +320,16 @@ def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Any) -> 
             return _fit_check(report, settings)
         return _same_file_check(lane_name, report, settings)
 
-    return check_pin(fmt, lane, hardware=hw, installed=installed_lanes(settings), fit=fit)
+    return check_pin(fmt, lane, hardware=hardware, installed=installed_lanes(settings), fit=fit)
+
+
+def explain_pin(model_id: str, lane: str, *, settings: Settings, paths: Paths) -> str | None:
+    """`switchyard pin` with no server: why `lane` cannot run `model_id` here (None: the pin is fine)."""
+    from app.hardware.probe import probe
+
+    library, catalog = open_catalog(settings, paths)
+    try:
+        entry = catalog.get(model_id, allow_broken=True)
+    finally:
+        library.close()
+    return pin_refusal(entry, lane, settings=settings, hardware=probe(engine=False))

@@ -11,14 +11,14 @@ from importlib import metadata
 from typing import Any
 
 from app import __version__
-from app.cli_library import open_catalog
-from app.cli_remote import doctor_rows
 from app.core.errors import SettingsError
 from app.core.paths import Paths
-from app.core.pins import load_pins
+from app.core.pins import PinStore
 from app.core.settings import Settings
+from app.core.units import fmt_bytes
 from app.hardware.probe import probe
 from app.lanes.installed import installed_lanes, lane_report
+from app.library.opening import open_catalog
 
 LOW_DISK = 10 << 30
 # the extras whose packages a user runs on; "test" and "package" are for building Switchyard itself
@@ -31,7 +31,8 @@ def _problem(level: str, message: str) -> dict[str, str]:
     return {"level": level, "message": message}
 
 
-def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
+def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -> dict[str, Any]:
+    """`remotes`: each remote lane's row (the CLI asks the running server, else checks from here)."""
     problems: list[dict[str, str]] = []
     hw = probe(bandwidth_cache=paths.hardware_cache)
     for note in hw.notes:
@@ -50,12 +51,11 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
         problems.append(
             _problem(
                 "warning",
-                f"only {free / (1 << 30):.1f} GiB free in {paths.home}: "
-                "downloads of large models will not fit",
+                f"only {fmt_bytes(free)} free in {paths.home}: downloads of large models will not fit",
             )
         )
     try:
-        load_pins(paths.pins_file)
+        PinStore(paths.pins_file).all()
     except SettingsError as exc:
         problems.append(_problem("error", exc.message))
     dirs = settings.models_dirs or (paths.models,)
@@ -78,7 +78,6 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
                     "another program: `switchyard serve --port N` picks another)",
                 )
             )
-    remotes = doctor_rows(paths)  # asked of the running server, else checked from here
     for r in remotes:
         if r["state"] != "ready":
             problems.append(_problem("warning", r["error"] or f"remote {r['name']} is {r['state']}"))
@@ -100,16 +99,15 @@ def doctor(paths: Paths, *, settings: Settings) -> dict[str, Any]:
 
 def render_doctor(r: dict[str, Any]) -> str:
     hw = r["hardware"]
-    gib = 1 << 30
     mem = hw["memory"]
     lines = [
-        f"home:      {r['home']} ({r['disk_free'] / gib:.1f} GiB free)",
+        f"home:      {r['home']} ({fmt_bytes(r['disk_free'])} free)",
         f"system:    {hw['os']} {hw['arch']}",
         f"cpu:       {hw['cpu']['model_name'] or 'unknown'}; {hw['cpu']['usable_cores']} usable cores "
         f"(of {hw['cpu']['logical_cores'] or '?'} logical)",
-        f"memory:    {(mem['total'] or 0) / gib:.1f} GiB total, "
-        f"{(mem['available'] or 0) / gib:.1f} GiB available"
-        + (f", cgroup limit {mem['cgroup_limit'] / gib:.1f} GiB" if mem.get("cgroup_limit") else ""),
+        f"memory:    {fmt_bytes(mem['total'] or 0)} total, "
+        f"{fmt_bytes(mem['available'] or 0)} available"
+        + (f", cgroup limit {fmt_bytes(mem['cgroup_limit'])}" if mem.get("cgroup_limit") else ""),
     ]
     bw = hw.get("bandwidth")
     if bw:
@@ -118,7 +116,7 @@ def render_doctor(r: dict[str, Any]) -> str:
             f"all cores (copy)"
         )
     for g in hw["gpus"] or []:
-        total = f"{g['memory_total'] / gib:.1f} GiB" if g["memory_total"] else "shared memory"
+        total = fmt_bytes(g["memory_total"]) if g["memory_total"] else "shared memory"
         lines.append(
             f"gpu {g['index']}:     {g['name']} ({g['vendor']}), {total}, driver {g['driver_version'] or '?'}"
         )

@@ -6,25 +6,25 @@ remote verdict is the verdict the downloaded file will have. For a safetensors r
 the shards' safetensors headers give the parameter count and bytes per dtype; the verdict is then only
 about the weights (no KV cache model for those lanes yet), and says so.
 
-It sits at the top level (like explain.py) because it joins hub, formats, fit and routing.
+It sits in app.advice (beside explain.py) because it joins hub, formats, fit and routing. ("Remote" in this
+project means remote lanes only; this is the hub's side.)
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from app.advice.explain import _gpu_shares, _hw_summary, explain
+from app.advice.inputs import AdviceInputs
 from app.core.errors import HubError
-from app.core.settings import Settings
-from app.explain import _gpu_shares, _hw_summary, explain
+from app.core.units import fmt_bytes
 from app.formats.detect import ModelFormat, ModelKind
 from app.formats.gguf_meta import GGUFFacts, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel, SafetensorsProblem, model_from_metadata
-from app.hardware.model import Hardware
 from app.hub.api import ModelDetail
 from app.hub.quant import QuantChoice
 from app.hub.remote import RangeReader, sparse_copy
@@ -51,10 +51,7 @@ def fit_choice(
     choice: QuantChoice,
     *,
     reader: RangeReader,
-    settings: Settings,
-    hardware: Hardware,
-    pins: Mapping[str, str],
-    used: Mapping[str, int] | None = None,
+    inputs: AdviceInputs,
 ) -> dict[str, Any]:
     """The verdict for one quantization; a hub error or unreadable header gives verdict None with why."""
     if not choice.complete:
@@ -75,7 +72,7 @@ def fit_choice(
         if not isinstance(facts, GGUFFacts):
             return _unknown(facts.reason, header_bytes_fetched=fetched)
         entry = ModelEntry(model_id, paths[0], facts, None, tuple(paths))
-        doc = explain(entry, settings=settings, hardware=hardware, pins=dict(pins), used=dict(used or {}))
+        doc = explain(entry, inputs=inputs).public()
     fit = doc.get("fit")
     decision = doc["decision"]
     out: dict[str, Any] = {
@@ -112,9 +109,7 @@ def fit_safetensors(
     detail: ModelDetail,
     *,
     reader: RangeReader,
-    settings: Settings,
-    hardware: Hardware,
-    pins: Mapping[str, str],
+    inputs: AdviceInputs,
 ) -> dict[str, Any] | None:
     """A size-based verdict from config.json and the shards' headers; None without safetensors files."""
     shards = sorted(f.path for f in detail.files if f.path.endswith(".safetensors") and "/" not in f.path)
@@ -142,17 +137,16 @@ def fit_safetensors(
     model = model_from_metadata(config, headers, files=shards)
     if isinstance(model, SafetensorsProblem):
         return _unknown(model.reason)
-    return _weights_verdict(model, detail=detail, settings=settings, hardware=hardware, pins=pins)
+    return _weights_verdict(model, detail=detail, inputs=inputs)
 
 
 def _weights_verdict(
     model: SafetensorsModel,
     *,
     detail: ModelDetail,
-    settings: Settings,
-    hardware: Hardware,
-    pins: Mapping[str, str],
+    inputs: AdviceInputs,
 ) -> dict[str, Any]:
+    settings, hardware = inputs.settings, inputs.hardware
     weights = model.weights.total_bytes if model.weights else None
     kind = ModelKind.MLX if model.mlx_evidence else ModelKind.SAFETENSORS
     fmt = ModelFormat(kind, Path(detail.id), facts=model)
@@ -166,7 +160,7 @@ def _weights_verdict(
         fmt,
         hardware=hardware,
         installed=installed_lanes(settings),
-        pins=dict(pins),
+        pins=dict(inputs.pins),
         model_id=detail.id,
         fit=fit,
     )
@@ -179,19 +173,22 @@ def _weights_verdict(
     elif gpu_free and weights <= gpu_free:
         verdict, summary = (
             "gpu",
-            f"the weights ({_gib(weights)}) fit in {_gib(gpu_free)} free on the largest GPU",
+            f"the weights ({fmt_bytes(weights)}) fit in {fmt_bytes(gpu_free)} free on the largest GPU",
         )
     elif ram is not None and weights <= ram:
         verdict, summary = (
             "cpu",
-            f"the weights ({_gib(weights)}) fit in {_gib(ram)} of available RAM, not on a GPU",
+            f"the weights ({fmt_bytes(weights)}) fit in {fmt_bytes(ram)} of available RAM, not on a GPU",
         )
     elif ram is None:
-        verdict, summary = None, f"the weights need {_gib(weights)}; this machine's free memory is unknown"
+        verdict, summary = (
+            None,
+            f"the weights need {fmt_bytes(weights)}; this machine's free memory is unknown",
+        )
     else:
         verdict, summary = (
             "too_large",
-            f"does not fit: the weights alone need {_gib(weights)}, {_gib(ram)} RAM free",
+            f"does not fit: the weights alone need {fmt_bytes(weights)}, {fmt_bytes(ram)} RAM free",
         )
     note = "size of the weights only: KV cache and activations are not estimated for this format yet"
     return {
@@ -214,18 +211,11 @@ def _weights_verdict(
     }
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
-
-
 def fit_detail(
     detail: ModelDetail,
     *,
     reader: RangeReader,
-    settings: Settings,
-    hardware: Hardware,
-    pins: Mapping[str, str],
-    used: Mapping[str, int] | None = None,
+    inputs: AdviceInputs,
     only: str | None = None,
 ) -> ModelDetail:
     """Fill `detail.fit`: a verdict per quantization (or just `only`), and one for safetensors weights."""
@@ -234,26 +224,17 @@ def fit_detail(
     ]
 
     def one(c: QuantChoice) -> tuple[str, dict[str, Any]]:
-        verdict = fit_choice(
-            detail.id,
-            detail.commit,
-            c,
-            reader=reader,
-            settings=settings,
-            hardware=hardware,
-            pins=pins,
-            used=used,
-        )
+        verdict = fit_choice(detail.id, detail.commit, c, reader=reader, inputs=inputs)
         return c.name, verdict
 
     with ThreadPoolExecutor(max_workers=PARALLEL_READS) as pool:
         by_quant = dict(pool.map(one, choices))
-    safetensors = (
-        fit_safetensors(detail, reader=reader, settings=settings, hardware=hardware, pins=pins)
-        if only is None
-        else None
-    )
-    detail.fit = {"hardware": _hw_summary(hardware), "quantizations": by_quant, "safetensors": safetensors}
+    safetensors = fit_safetensors(detail, reader=reader, inputs=inputs) if only is None else None
+    detail.fit = {
+        "hardware": _hw_summary(inputs.hardware),
+        "quantizations": by_quant,
+        "safetensors": safetensors,
+    }
     if not by_quant and safetensors is None:
         detail.fit_problem = (
             f"no quantization named {only!r}"

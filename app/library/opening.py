@@ -1,0 +1,31 @@
+"""Opening the library and its catalog from settings and paths: the one place that assembles the two.
+
+The Runtime, the CLI commands that run without a server and the advice functions all open it here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.hub.config import hub_config
+from app.library.catalog import Catalog
+from app.library.store import Library
+
+
+def warn_on_stderr(notice: str) -> None:
+    print(f"switchyard: warning: {notice}", file=sys.stderr)
+
+
+def open_catalog(
+    settings: Settings, paths: Paths, *, notice: Callable[[str], None] = warn_on_stderr
+) -> tuple[Library, Catalog]:
+    """The opened library (the caller closes it) and a catalog over the models folders; nothing is scanned
+    yet. `notice` hears what the library repaired or could not read while opening."""
+    library = Library.open(paths)
+    for text in library.notices:
+        notice(text)
+    dirs = settings.models_dirs or (paths.models,)
+    return library, Catalog(dirs, library=library, hf_cache=hub_config(settings).cache_dir)
