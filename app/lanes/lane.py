@@ -48,23 +48,13 @@ from app.lanes.lane_machine import (
 )
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
-from app.lanes.target import refusal_error
+from app.lanes.target import Progress, refusal_error
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
 # a request whose connection broke this soon after its engine was killed as unresponsive is told so
 HUNG_WINDOW_S = 10.0
 T = TypeVar("T")
-
-
-class Progress:
-    """When a byte last came from the engine on any of its requests (time.monotonic()). A plain attribute:
-    the byte relay sets it from its socket callback, once per read."""
-
-    __slots__ = ("at",)
-
-    def __init__(self) -> None:
-        self.at = time.monotonic()
 
 
 def lane_slug(model_id: str) -> str:
@@ -192,6 +182,10 @@ class Lane:
         return crashed_error(self)
 
     # ---- hung engines ----------------------------------------------------------------------------
+    async def bounded(self, aw: Awaitable[T]) -> T:
+        """`aw`, bounded by the engine's read timeout counted from now (see `guard`)."""
+        return await self.guard(aw, since=time.monotonic())
+
     async def guard(self, aw: Awaitable[T], *, since: float) -> T:
         """`aw`'s result, unless nothing comes from the engine, on this request or any other, for
         engine_read_timeout_s counted from `since` (this request's last byte): then the engine is reported

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Awaitable
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -32,6 +33,8 @@ from app.hub.safe_names import control_problem
 from app.lanes.lane import Lane
 from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
 from app.lanes.target import refusal_error
+
+T = TypeVar("T")
 
 CHECK_TIMEOUT_S = 5.0
 # What a model of each kind can do; a remote that says no kind (vLLM, SGLang) is asked anything, and
@@ -237,6 +240,7 @@ class RemoteLane:
 
     engine = "remote"
     proc = None  # no process of ours: nothing to watch, nothing to restart
+    progress = None  # the remote's own timeouts bound its answers (see `bounded`)
     plan = None  # no launch plan: the gateway's prompt-length check (llama.cpp's) leaves it to the remote
 
     def __init__(self, remote: Remote, upstream: str) -> None:
@@ -249,6 +253,9 @@ class RemoteLane:
     @property
     def available(self) -> bool:
         return self.remote.state is RemoteState.READY
+
+    async def bounded(self, aw: Awaitable[T]) -> T:
+        return await aw  # a remote answers for itself: its connection has its own timeouts
 
     @property
     def base_url(self) -> str:

@@ -10,11 +10,25 @@ remote checks for itself).
 from __future__ import annotations
 
 import json
-from typing import Protocol, runtime_checkable
+import time
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import aiohttp
 
 from app.core.errors import SwitchyardError, UpstreamRefusedError
+
+T = TypeVar("T")
+
+
+class Progress:
+    """When a byte last came from the engine on any of its requests (time.monotonic()). A plain attribute:
+    the byte relay sets it from its socket callback, once per read."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
 
 
 @runtime_checkable
@@ -38,7 +52,17 @@ class Target(Protocol):
     @property
     def served_name(self) -> str: ...
 
+    @property
+    def progress(self) -> Progress | None:
+        """Where the byte relay marks the engine's progress (a local engine's), or None."""
+        ...
+
     def auth_headers(self) -> dict[str, str]: ...
+
+    async def bounded(self, aw: Awaitable[T]) -> T:
+        """`aw`'s result, bounded as this target needs: a local engine by its read timeout (504
+        engine_unresponsive, the lane restarted), a remote by its own connection's timeouts."""
+        ...
 
     def broken(self, exc: BaseException | None = None) -> SwitchyardError:
         """The error for a request whose connection broke (`exc`: how)."""

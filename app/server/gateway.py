@@ -31,12 +31,11 @@ from app.core.errors import (
     SwitchyardError,
     UpstreamRefusedError,
 )
-from app.lanes.lane import Lane, LaneState
+from app.lanes.lane import LaneState
 from app.lanes.remote import RemoteLane
 from app.lanes.target import Target
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
-from app.server.engine_wait import engine_wait, progress_of
 from app.server.raw_http import RawUpstream, open_post, read_all
 from app.server.whole import WholeAnswer, stream_body
 
@@ -279,8 +278,7 @@ class Gateway:
         http = self.http(target)
         for attempt in (1, 2):
             try:
-                upstream = await engine_wait(
-                    target,
+                upstream = await target.bounded(
                     http.post(target.base_url + path, data=data, headers=headers, timeout=_NO_TOTAL),
                 )
                 break
@@ -320,8 +318,8 @@ class Gateway:
         on a connection of its own (an engine closes a streamed connection anyway)."""
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         try:
-            proto = await engine_wait(
-                target, open_post(target.base_url, path, body, headers, progress=progress_of(target))
+            proto = await target.bounded(
+                open_post(target.base_url, path, body, headers, progress=target.progress)
             )
         except (OSError, TimeoutError) as exc:
             await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
@@ -339,7 +337,7 @@ class Gateway:
         """The whole answer; a connection that breaks while it is read is the target's failure."""
         try:
             parts: list[bytes] = []
-            while piece := await engine_wait(target, upstream.content.readany()):
+            while piece := await target.bounded(upstream.content.readany()):
                 parts.append(piece)
             return b"".join(parts)
         except (aiohttp.ClientError, OSError) as exc:
@@ -369,10 +367,8 @@ class Gateway:
         """Whether a non-streamed `route` request is asked of `target` as a stream and answered whole
         (app/server/whole.py): a local engine with llama.cpp slots, which would not stop for a client
         that went away; a chat, or a completion of one prompt (a batch is answered whole by the engine)."""
-        if route not in ("chat", "completions") or not isinstance(target, Lane):
-            return False
-        if target.slot_context() is None:
-            return False
+        if route not in ("chat", "completions") or target.slot_context() is None:
+            return False  # a remote (no slots of ours to free), or an engine without llama.cpp slots
         prompt = body.get("prompt")
         return route == "chat" or not isinstance(prompt, list) or all(_is_int(t) for t in prompt)
 
@@ -382,7 +378,7 @@ class Gateway:
         upstream = await self.post(target, path, stream_body(body), stream=True)
         folded = WholeAnswer(route)
         try:
-            while not folded.done and (piece := await engine_wait(target, upstream.content.readany())):
+            while not folded.done and (piece := await target.bounded(upstream.content.readany())):
                 folded.feed(piece)
         except StreamRefusal as exc:
             raise target.refused(500, exc.payload) from None
@@ -398,7 +394,7 @@ class Gateway:
         failure; an error inside the stream is its refusal."""
         reader = StreamReader()
         try:
-            while piece := await engine_wait(target, upstream.content.readany()):
+            while piece := await target.bounded(upstream.content.readany()):
                 for delta in reader.deltas(piece):
                     yield delta
                 if reader.done:

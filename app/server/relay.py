@@ -21,7 +21,6 @@ from aiohttp import web
 from app.chat.deltas import StreamReader, StreamRefusal
 from app.core.errors import SwitchyardError
 from app.lanes.target import Target
-from app.server.engine_wait import engine_wait
 from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
 from app.server.raw_http import ChunkFrames, ChunkPayload, RawUpstream
 from app.server.translation import Translation
@@ -72,12 +71,12 @@ async def _pump(
     content = upstream.content
     try:
         # the first piece is read apart so the loop pays nothing for the time-to-first-byte stamp
-        if last := await engine_wait(target, content.readany()):
+        if last := await target.bounded(content.readany()):
             await resp.write(last)
             request[FIRST_BYTE] = time.perf_counter()
             if last.endswith(_DONE):
                 _mark_sent(request, resp, last)
-        while chunk := await engine_wait(target, content.readany()):
+        while chunk := await target.bounded(content.readany()):
             await resp.write(chunk)
             prev, last = last, chunk  # the usage is in the last events: keep two pieces, parse none
             if chunk.endswith(_DONE):
@@ -215,7 +214,7 @@ async def relay_raw(
         proto.done.add_done_callback(pump.lost)
         proto.attach(pump.feed)
         try:
-            await engine_wait(target, pump.finished)
+            await target.bounded(pump.finished)
         except _RESETS:
             log.info("client went away mid-stream; closing the upstream request")
             return resp
@@ -296,7 +295,7 @@ async def translate_raw(request: web.Request, proto: RawUpstream, target: Target
         proto.done.add_done_callback(pump.lost)
         proto.attach(pump.feed)
         try:
-            await engine_wait(target, pump.finished)
+            await target.bounded(pump.finished)
         except StreamRefusal as exc:
             raise target.refused(500, exc.payload) from None
         except _RESETS:
