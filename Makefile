@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.installed
 # the desktop screenshot test: an X server, Qt's xcb needs, a tray host, a screen grabber
 DEBIAN_TEST_PACKAGES ?= xvfb libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0 libxcb-cursor0 trayer imagemagick xdotool
 PYTEST_ARGS ?=
+# two workers, each taking whole test files (a module's fixtures start its engines once): about half
+# the wall time on two cores; PYTEST_WORKERS=0 runs in one process
+PYTEST_WORKERS ?= 2
+# a marker expression every run of the suite keeps to (test-fast: not slow)
+PYTEST_MARK ?=
+QT_MARK = qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))
 
 .PHONY: run serve test lint format typecheck pytest test-fast bench clean venv debian-deps package deb tarball
 
@@ -17,6 +23,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps 'silero-vad>=5'  # the VAD's ONNX file only: not its torch
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -47,12 +54,18 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy app
 
 pytest: $(STAMP) debian-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m "not qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS)
+	@# the Qt tests: one process per file (one QApplication each), as a native crash seen in one file
+	@# only after others had run in the same process must not take the rest down with it
+	@files=$$($(PY) -m pytest -p no:xdist -q --collect-only -m "$(QT_MARK)" $(PYTEST_ARGS) | grep '::' | cut -d: -f1 | sort -u); \
+	for f in $$files; do \
+		echo "== $$f"; $(PY) -m pytest -p no:xdist -q -m "$(QT_MARK)" $(PYTEST_ARGS) $$f || exit 1; \
+	done
 
 test: lint typecheck pytest
 
 # everything but the checks marked slow
-test-fast: PYTEST_ARGS += -m 'not slow'
+test-fast: PYTEST_MARK = not slow
 test-fast: test
 
 # dist/switchyard/ from build.spec (docs/install.md); PyInstaller comes from the [package] extra

@@ -20,27 +20,32 @@ from typing import Any, Protocol
 from app.advice.explain import Explanation, explain, pin_refusal
 from app.advice.hub_fit import fit_detail
 from app.advice.inputs import AdviceInputs, with_overrides
+from app.core.errors import BadRequestError, SettingsError, SwitchyardError
 from app.core.events import EventBus
 from app.core.paths import Paths
 from app.core.pins import PinStore
-from app.core.settings import Settings
+from app.core.settings import LOAD_KEYS, Settings, check_overrides, settings_from_mapping
+from app.core.settings_live import SERVER_KEYS, SettingsChange, changed_keys, lane_inputs, not_wired
 from app.hardware.bandwidth import load_or_measure
 from app.hardware.model import Hardware
 from app.hardware.monitor import Monitor
 from app.hardware.probe import probe, read_memory
 from app.hub.api import ModelDetail
+from app.hub.browse import Hub
+from app.hub.config import hub_config
 from app.hub.download import DownloadManager
-from app.hub.remote import RangeReader
+from app.hub.range_reader import RangeReader
 from app.hub.token import TokenStore
 from app.lanes.engine_jobs import EngineJobs
 from app.lanes.engine_store import EngineStore
-from app.lanes.lane import Lane
+from app.lanes.lane import Lane, LaneState
 from app.lanes.remote_store import RemoteStore
 from app.lanes.remotes import RemoteRegistry
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
 from app.library.footprints import LibraryFootprints
 from app.library.opening import open_catalog
+from app.library.speeds import LoadKey, SpeedRecorder, SpeedStore
 from app.library.store import Library
 
 log = logging.getLogger("switchyard")
@@ -64,13 +69,16 @@ class Runtime:
     remotes: RemoteRegistry = field(init=False)
     engines: EngineJobs = field(init=False)
     tokens: TokenStore = field(init=False)
+    hub: Hub = field(init=False)  # the one hub client of this process: the admin API's and the window's
     # opened and started in __aenter__, in this order, and closed in reverse by the exit stack
     library: Library = field(init=False)
     catalog: Catalog = field(init=False)
     footprints: LibraryFootprints = field(init=False)
+    speeds: SpeedRecorder = field(init=False)  # measured tokens/s per model (the gateway feeds it)
     supervisor: Supervisor = field(init=False)
     downloads: DownloadManager = field(init=False)
     _stack: contextlib.AsyncExitStack | None = field(init=False, default=None)
+    _applying: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         self.pins = PinStore(self.paths.pins_file)
@@ -80,6 +88,16 @@ class Runtime:
         self.engines = EngineJobs(bus=self.bus, settings=self.settings, store=EngineStore(self.paths.engines))
         # one token store per process: it holds a session-only token that hub calls and downloads share
         self.tokens = TokenStore(self.paths, self.settings)
+        self.hub = Hub(self.paths, self.settings, tokens=self.tokens)
+
+    def _load_key(self, model_id: str) -> LoadKey | None:
+        """Where `model_id` runs now, for its measured speed (None: no planned local lane)."""
+        lane = self.supervisor.lanes.get(model_id)
+        if lane is None or lane.plan is None:
+            return None
+        chosen = lane.plan.fit.chosen if lane.plan.fit is not None else None
+        device = "CPU" if chosen is None or chosen.gpu_layers == 0 else "GPU"
+        return LoadKey(lane.plan.engine, device, chosen.bytes_per_token if chosen else None, lane.plan)
 
     def _lane_ready(self, lane: Lane) -> None:
         self.footprints.record(lane)
@@ -98,6 +116,7 @@ class Runtime:
         stack.callback(self.library.close)
         await asyncio.to_thread(self.catalog.scan)  # reads model headers: off the event loop
         self.footprints = LibraryFootprints(self.library)
+        self.speeds = SpeedRecorder(SpeedStore(self.library), where=self._load_key)
         self.supervisor = Supervisor(
             catalog=self.catalog,
             settings=self.settings,
@@ -165,6 +184,9 @@ class Runtime:
             hardware=hardware,
             pins=self.pins.all(),
             used=self.supervisor.gpu_used(exclude=exclude),
+            speed=self.speeds.store.calibration(
+                bandwidth=hardware.bandwidth.all_cores if hardware.bandwidth else None
+            ),
         )
 
     async def explain(self, model_id: str, overrides: Mapping[str, Any] | None = None) -> Explanation:
@@ -177,7 +199,11 @@ class Runtime:
         lane = self.supervisor.lanes.get(model_id)
         snapshot = lane.snapshot() if lane else None
         recorded = self.footprints.get(model_id, path=entry.path)
-        return await asyncio.to_thread(explain, entry, inputs=inputs, lane=snapshot, recorded=recorded)
+        library = self.catalog.servable()  # a draft model is chosen among them
+        speeds = self.speeds.store.of(model_id)
+        return await asyncio.to_thread(
+            explain, entry, inputs=inputs, lane=snapshot, recorded=recorded, library=library, speeds=speeds
+        )
 
     def explain_brief(self, model_id: str) -> Explanation | None:
         """For listings, from any thread: the decision and plan on the start-up snapshot (no bandwidth
@@ -187,7 +213,7 @@ class Runtime:
             return None
         entry = self.catalog.get(model_id, allow_broken=True)
         inputs = self._inputs(dataclasses.replace(hw, memory=read_memory()), exclude=model_id)
-        return explain(entry, inputs=inputs)
+        return explain(entry, inputs=inputs, speeds=self.speeds.store.of(model_id))
 
     async def fit_hub_model(
         self, detail: ModelDetail, *, reader: RangeReader, only: str | None = None
@@ -204,6 +230,91 @@ class Runtime:
         if hw is None:  # plan_memory off: probed now, without the engine's device list
             hw = await asyncio.to_thread(probe, engine=False)
         return await asyncio.to_thread(pin_refusal, entry, lane, settings=self.settings, hardware=hw)
+
+    # ---- settings applied while running (docs/configuration.md#applied-without-a-restart) ------------
+    async def apply_settings(self, new: Settings) -> SettingsChange:
+        """Take `new` now: every part reads it from here on, each loaded lane whose start inputs changed
+        restarts (alone), and keys a running server cannot take (host, port, TLS...) wait for its next
+        start, named with why in the answer. A lane that cannot restart is reported, not raised."""
+        async with self._applying:
+            old = self.settings
+            keys = changed_keys(old, new)
+            stale = self._stale_lanes(old, new)
+            await self._take(new, rescan="models_dirs" in keys or "hf_cache_dir" in keys)
+            restarted: dict[str, str] = {}
+            failed: dict[str, str] = {}
+            for lane_id, why in stale.items():
+                try:
+                    await self.supervisor.restart(lane_id, reason=f"settings changed ({why})")
+                    restarted[lane_id] = why
+                except SwitchyardError as exc:
+                    failed[lane_id] = exc.message
+            return SettingsChange(
+                applied=tuple(k for k in keys if k not in SERVER_KEYS),
+                restarted=restarted,
+                failed=failed,
+                needs_server_restart={k: SERVER_KEYS[k] for k in keys if k in SERVER_KEYS},
+                not_applied=_not_wired_changed(old, new),
+            )
+
+    async def change_settings(self, values: Mapping[str, Any]) -> SettingsChange:
+        """Apply these top-level keys (as settings.json spells them) over the running settings; the rest
+        stay as they are (command-line flags included). SettingsError names a bad key or value."""
+        parsed = settings_from_mapping(dict(values), origin="the settings sent")
+        merged = dataclasses.replace(self.settings, **{k: getattr(parsed, k) for k in values})
+        return await self.apply_settings(merged)
+
+    async def set_overrides(self, model_id: str, values: Mapping[str, Any]) -> SettingsChange:
+        """Merge `values` (a load body: LOAD_KEYS) into the model's overrides and apply them: its lane,
+        if loaded, restarts with them. BadRequestError names an unknown key or a bad value."""
+        try:
+            check_overrides(model_id, dict(values), allowed=LOAD_KEYS, where="the load body")
+        except SettingsError as exc:
+            raise BadRequestError(exc.message, param=next(iter(values), None)) from exc
+        over = {k: dict(v) for k, v in self.settings.model_overrides.items()}
+        over[model_id] = {**over.get(model_id, {}), **values}
+        return await self.apply_settings(dataclasses.replace(self.settings, model_overrides=over))
+
+    async def restore_overrides(self, model_id: str, entry: Mapping[str, Any] | None) -> SettingsChange:
+        """Put one model's overrides back as they were (None: it had none), e.g. after a load body whose
+        values the engine refused; a loaded lane restarts with them."""
+        over = {k: dict(v) for k, v in self.settings.model_overrides.items() if k != model_id}
+        if entry:
+            over[model_id] = dict(entry)
+        return await self.apply_settings(dataclasses.replace(self.settings, model_overrides=over))
+
+    def _stale_lanes(self, old: Settings, new: Settings) -> dict[str, str]:
+        """Loaded lanes whose start inputs differ, each with the keys that differ."""
+        out: dict[str, str] = {}
+        for lane in self.supervisor.lanes.values():
+            if lane.state not in (LaneState.READY, LaneState.STARTING):
+                continue
+            before = lane_inputs(old, model_id=lane.model_id, engine=lane.engine)
+            after = lane_inputs(new, model_id=lane.model_id, engine=lane.engine)
+            diff = [k for k in after if before.get(k) != after[k]]
+            if diff:
+                out[lane.id] = ", ".join(diff)
+        return out
+
+    async def _take(self, new: Settings, *, rescan: bool) -> None:
+        # every holder of the settings, so nothing acts on a stale copy
+        self.settings = new
+        self.supervisor.settings = new
+        for lane in self.supervisor.lanes.values():
+            lane.settings = new
+        for holder in (self.remotes, self.engines, self.tokens, self.hub):
+            holder.settings = new
+        await self.downloads.apply_settings(new)
+        if rescan:
+            self.catalog.dirs = tuple(new.models_dirs or (self.paths.models,))
+            self.catalog.hf_cache = hub_config(new).cache_dir
+            await asyncio.to_thread(self.catalog.scan)
+
+
+def _not_wired_changed(old: Settings, new: Settings) -> tuple[str, ...]:
+    models = set(old.model_overrides) | set(new.model_overrides)
+    moved = [m for m in models if old.model_overrides.get(m) != new.model_overrides.get(m)]
+    return tuple(sorted({k for m in moved for k in not_wired(new, model_id=m)}))
 
 
 async def _enter(stack: contextlib.AsyncExitStack, part: AsyncPart) -> None:

@@ -12,6 +12,9 @@ Without --model it writes a small llama model with zero weights and a tiny token
 Pass a real small model folder (e.g. a local Qwen2.5-0.5B-Instruct) to see real text.
 
 On a machine without an NVIDIA GPU, or without either engine, it says so and exits 0.
+
+`python bench/gpu_check.py llama-server [--binary BIN | --source LLAMA_CPP_DIR]` is the llama-server
+runtime's proof instead (bench/gpu_llama_server.py: CUDA build, GPU serving, tokens/s, buffers vs plan).
 """
 
 from __future__ import annotations
@@ -177,6 +180,12 @@ def check_one(s: Started, model_id: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["llama-server"]:  # the llama-server runtime's proof (bench/gpu_llama_server.py)
+        sys.path.insert(0, str(REPO / "bench"))
+        from gpu_llama_server import main as llama_server_main
+
+        return llama_server_main(args_in[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a local Hugging Face model folder (default: a generated one)")
     ap.add_argument("--engines", default="vllm,sglang")

@@ -22,6 +22,15 @@ from tests.fakehub import FakeHub
 from tests.tinymodels import CHAT, EMBED, LARGE, TinySpec, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parent.parent
+# tests that build Qt widgets in this process; `make test` runs them after the rest, a process per file
+# (spread over pytest-xdist workers, many windows in one worker once crashed Qt and hung the scheduler)
+QT_FIXTURES = frozenset({"qapp", "qtbot", "qloop"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if QT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.qt)
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +42,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    monkeypatch.setenv("SWITCHYARD_NO_FIRST_RUN", "1")  # Discover's first-run view: tests/test_firstrun_*.py
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     return home
 

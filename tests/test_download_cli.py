@@ -239,7 +239,7 @@ def test_admin_api_sse_update_and_a_pulled_model_that_chats(
 def test_ctrl_c_pauses_and_the_next_pull_continues(fake_hub: FakeHub, isolated_env: Path) -> None:
     data = blob(12 * MIB, 22)
     fake_hub.add_repo(REPO, {BIG: data})
-    fake_hub.faults.delay_per_chunk = 0.03
+    fake_hub.faults.delay_per_chunk = 0.1  # slow enough that SIGINT lands mid-transfer on a loaded machine
     state = cache_layout.partial_dir(cache_layout.repo_folder(cache_dir(), REPO), sha(data)) / "state.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "pull", f"{REPO}:Q4_K_M"],
@@ -247,6 +247,9 @@ def test_ctrl_c_pauses_and_the_next_pull_continues(fake_hub: FakeHub, isolated_e
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a test runner started in the background (or a pytest-xdist worker) hands
+        # its children SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 30
@@ -341,3 +344,25 @@ def test_pull_on_a_terminal_redraws_progress_lines_in_place(fake_hub: FakeHub) -
     assert "\x1b[2K" in text and "\x1b[1F" in text  # cleared and redrawn in place
     assert "MiB/s" in text and "ETA" in text
     assert f"{BIG}  3.0/3.0 MiB  100.0%" in text and "verified" in text
+
+
+def test_pull_brings_the_projector_unless_told_otherwise(fake_hub: FakeHub) -> None:
+    """`pull REPO:Q4_K_M` also fetches the f16 projector; `--mmproj FILE` picks another, `none` none."""
+    repo = "org/VL-GGUF"
+    files = {
+        "vl-Q4_K_M.gguf": blob(64 * 1024, 1),
+        "mmproj-vl-f16.gguf": blob(16 * 1024, 2),
+        "mmproj-vl-q8_0.gguf": blob(8 * 1024, 3),
+    }
+    fake_hub.add_repo(repo, files)
+    snapshot = cache_layout.repo_folder(cache_dir(), repo) / "snapshots" / fake_hub.repos[repo].head.sha
+
+    r = switchyard("pull", f"{repo}:Q4_K_M", "--mmproj", "none")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in snapshot.iterdir()) == ["vl-Q4_K_M.gguf"]
+    r = switchyard("pull", f"{repo}:Q4_K_M", "--mmproj", "mmproj-vl-q8_0.gguf")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in snapshot.iterdir()) == ["mmproj-vl-q8_0.gguf", "vl-Q4_K_M.gguf"]
+    r = switchyard("pull", f"{repo}:Q4_K_M")
+    assert r.returncode == 0, r.stderr
+    assert (snapshot / "mmproj-vl-f16.gguf").read_bytes() == files["mmproj-vl-f16.gguf"]

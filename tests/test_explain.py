@@ -49,7 +49,10 @@ def test_explain_json_has_decision_and_fit(home: Path) -> None:
     assert fit["verdict"] == "cpu" and fit["fits"]
     cpu = fit["chosen"]["devices"][0]
     assert cpu["device"] == "CPU" and cpu["weights"] > 0 and cpu["kv_cache"] == 2 << 20  # 8192 cells of tiny
-    assert fit["chosen"]["tokens_per_s"] > 0  # bandwidth was measured and cached for the estimate
+    # bandwidth was measured and cached for the estimate; nothing measured yet, so a range
+    assert fit["chosen"]["raw_tokens_per_s"] > 0 and fit["chosen"]["tokens_per_s"] is None
+    lo, hi = doc["tokens_per_s_range"]
+    assert 0 < lo < hi and doc["calibrated"] is False and doc["measured_tokens_per_s"] is None
     assert (home / "hardware.json").exists()
     assert doc["requested"] == {"ctx_size": 8192, "ctx_auto": True, "parallel": 4, "kv_type": "f16"}
 

@@ -35,7 +35,7 @@ from app.core.settings import Settings
 from app.hub import cache_layout, safe_names
 from app.hub.browse import Hub
 from app.hub.download import DownloadManager, Job
-from app.hub.remote import sparse_copy
+from app.hub.range_reader import sparse_copy
 from app.hub.transfer import TransferOptions
 from app.lanes.remote import MAX_LISTED, Remote
 from app.lanes.remote_store import RemoteSpec, SeenModel

@@ -26,7 +26,9 @@ def _small() -> Bandwidth:
 def test_measure_bandwidth_default_is_fast_and_positive() -> None:
     t0 = time.perf_counter()
     bw = measure_bandwidth()
-    assert time.perf_counter() - t0 < 2.0
+    # the copies stop at budget_s (1.5 s); the first touch of the buffers comes on top, and on a shared
+    # two-core VM it alone has taken 2 s: a sanity bound, not a speed figure (those live in bench/)
+    assert time.perf_counter() - t0 < 5.0
     assert bw.single_core > 100_000_000 and bw.all_cores > 100_000_000  # > 0.1 GB/s: any real RAM
     assert bw.threads >= 1 and abs(bw.measured_at - time.time()) < 10
 

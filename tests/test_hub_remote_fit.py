@@ -20,7 +20,7 @@ from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.hardware.model import Hardware
 from app.hardware.probe import probe
 from app.hub.browse import Hub
-from app.hub.remote import RangeReader, ReadCache
+from app.hub.range_reader import RangeReader, ReadCache
 from app.hub.token import TokenStore
 from app.lanes.llamacpp import fit_for
 from app.library.model import ModelEntry

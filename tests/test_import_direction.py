@@ -49,7 +49,7 @@ def test_layers_import_one_way() -> None:
         "fit": ("app.library", "app.lanes", "app.routing", *above_lanes),
         "routing": ("app.library", "app.lanes", *above_lanes),
         "lanes": above_lanes,
-        "advice": ("app.cli_", "app.__main__", "app.server", "app.runtime", "app.ui"),
+        "advice": ("app.cli", "app.__main__", "app.server", "app.runtime", "app.ui"),
         "server": ("app.ui",),
         "ui": ("app.hardware",),
     }
@@ -60,6 +60,21 @@ def test_layers_import_one_way() -> None:
                 if any(imported.startswith(banned) for imported in _imported(line.strip())):
                     bad.append(f"{f.relative_to(REPO)}: {line.strip()}")
     assert not bad, bad
+
+
+def test_only_the_entry_point_imports_the_cli() -> None:
+    """app/cli is the command line: app/__main__.py builds it; no other package leans on it (the window
+    and the server call the Runtime, not a command)."""
+    bad = []
+    for f in (REPO / "app").rglob("*.py"):
+        rel = f.relative_to(REPO)
+        if rel.parts[1] == "cli" or rel == Path("app/__main__.py"):
+            continue
+        for line in f.read_text().splitlines():
+            if any(m == "app.cli" or m.startswith("app.cli.") for m in _imported(line.strip())):
+                bad.append(f"{rel}: {line.strip()}")
+    assert not bad, bad
+    assert not list((REPO / "app").glob("cli_*.py")), "command modules live in app/cli/"
 
 
 def _imported(statement: str) -> list[str]:
@@ -74,7 +89,7 @@ def _imported(statement: str) -> list[str]:
 
 def test_the_import_rule_sees_each_form() -> None:
     """The rule above is only as good as its parser: each way of naming a module is seen."""
-    assert _imported("from app import cli_remote, cli_hub") == ["app.cli_remote", "app.cli_hub"]
-    assert _imported("from app.cli_library import open_catalog") == ["app.cli_library"]
+    assert _imported("from app import cli, runtime") == ["app.cli", "app.runtime"]
+    assert _imported("from app.cli.library import cmd_ls") == ["app.cli.library"]
     assert _imported("import app.hardware.probe") == ["app.hardware.probe"]
     assert _imported("from application import x") == []

@@ -52,7 +52,7 @@ def test_new_file_gets_the_whole_schema_in_wal_mode(tmp_path: Path) -> None:
 def test_migration_from_the_previous_version_keeps_rows(tmp_path: Path) -> None:
     path = tmp_path / "library.db"
     c = sqlite3.connect(path, isolation_level=None)
-    migrate(c, target=SCHEMA_VERSION - 1)
+    migrate(c, target=1)  # from the first version: every later step runs over the rows
     c.execute(
         "INSERT INTO models(id, format, kind, status, source, location, path, added_at) "
         "VALUES ('m', 'gguf', 'chat', 'ok', 'import_link', '/x', '/x/m.gguf', 1.5)"
@@ -67,6 +67,7 @@ def test_migration_from_the_previous_version_keeps_rows(tmp_path: Path) -> None:
     [row] = db.query("SELECT id, added_at, last_used_at FROM models")
     assert (row["id"], row["added_at"], row["last_used_at"]) == ("m", 1.5, None)
     assert db.query("SELECT sha256 FROM files")[0][0] == "ab"
+    assert db.query("SELECT COUNT(*) FROM speeds")[0][0] == 0  # step 3: measured speeds
     db.close()
 
 

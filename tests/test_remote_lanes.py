@@ -32,7 +32,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from app.cli_remote import doctor_rows
+from app.cli.remote import doctor_rows
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
 from tests.conftest import REPO, ServerProcess, link_models, running_server

@@ -136,9 +136,11 @@ def test_discover_download_chat_keys_tray_quit(
             tune.ctx.setValue(4096)
             await tune._task
             assert tune.verdict.text().startswith("<span style='color:#2e7d32'>Fits")
-            assert tune.save() is True
+            assert tune.save() is True and tune.applying is not None
+            await tune.applying  # the loaded lane restarts with the new values (issue 16)
+            pid = lane.proc.pid
             saved = json.loads(paths.settings_file.read_text())["model_overrides"][mid]
-            assert saved == {"ctx_size": 4096, "gpu_layers": -1, "kv_type": "f32"}
+            assert saved == {"ctx_size": 4096, "kv_type": "f32"}  # only the values changed
             # pin a lane: one that cannot run the model is refused with why; llama.cpp is kept in pins.json
             await tune.pin("mlx")
             assert "Not pinned to mlx" in tune.verdict.text() and not (paths.home / "pins.json").exists()
@@ -199,6 +201,8 @@ def test_discover_download_chat_keys_tray_quit(
             after = desk.chats.messages(cid)
             assert [m.role for m in after] == ["user", "assistant", "user", "assistant"]
             assert after[-1].content and after[-1].meta["stopped"] is False
+            assert 0 < after[-1].meta["tokens"] <= 8  # Regenerate takes the page's Max tokens
+            assert desk.chats.get(cid).sampling["max_tokens"] == 8
             assert after[-1].meta["context_size"] and after[-1].meta["context_used"] > 0
             assert "context" in chat.view.toPlainText()
             assert chat.copy_last_reply() == after[-1].content
@@ -234,7 +238,12 @@ def test_discover_download_chat_keys_tray_quit(
             await asyncio.gather(task, return_exceptions=True)
             assert any(p.startswith("Starting ") for p in phases), phases
             assert any("is ready; waiting for the first token" in p for p in phases), phases
-            assert chat.phase.text() == "" and desk.chats.messages(cid)[-1].role == "assistant"
+            last = desk.chats.messages(cid)[-1]
+            assert chat.phase.text() == "" and last.role == "assistant", (
+                last.role,
+                last.content,
+                [(m.role, len(m.content), m.meta.get("tokens")) for m in desk.chats.messages(cid)],
+            )
             pid = desk.runtime.supervisor.lanes[mid].proc.pid
             # --- Server page: a key, and the server takes it (and refuses a wrong one)
             srv = w.show_page("Server")

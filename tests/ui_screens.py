@@ -123,15 +123,18 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
 def main() -> int:
     import qasync
 
-    from app.ui.main import make_qapp
+    from app.ui.main import finish_qapp, make_qapp
 
     out, models, repo = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     out.mkdir(parents=True, exist_ok=True)
     app = make_qapp()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    with loop:
-        result = loop.run_until_complete(_run(out, models, repo))
+    try:
+        with loop:
+            result = loop.run_until_complete(_run(out, models, repo))
+    finally:
+        finish_qapp(app)  # the app's own last step: nothing of Qt's left for the interpreter's finalization
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

@@ -18,7 +18,8 @@ from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.hardware.probe import probe
 from app.lanes.installed import installed_lanes, lane_report
-from app.library.opening import open_catalog
+from app.lanes.runtimes import doctor_rows
+from app.library.opening import opened_catalog
 
 LOW_DISK = 10 << 30
 # the extras whose packages a user runs on; "test" and "package" are for building Switchyard itself
@@ -59,11 +60,8 @@ def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -
     except SettingsError as exc:
         problems.append(_problem("error", exc.message))
     dirs = settings.models_dirs or (paths.models,)
-    library, catalog = open_catalog(settings, paths)
-    try:
+    with opened_catalog(settings, paths) as (_library, catalog):
         entries = catalog.scan()
-    finally:
-        library.close()
     for e in entries:
         if e.problem is not None:
             problems.append(_problem("warning", f"model {e.id} ({e.path}) is broken: {e.problem}"))
@@ -93,6 +91,8 @@ def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -
             "no_lane_yet": sum(e.problem is None and not e.ok for e in entries),
         },
         "remotes": remotes,
+        # the llama.cpp runtimes in the order `runtime = "auto"` tries them, each chosen or skipped with why
+        "runtimes": doctor_rows(settings, hw),
         "problems": problems,
     }
 
@@ -136,6 +136,11 @@ def render_doctor(r: dict[str, Any]) -> str:
         f"models:    {m['servable']} servable, {m['broken']} broken, {m['no_lane_yet']} with no lane yet"
         f" in {', '.join(m['dirs'])}"
     )
+    if r.get("runtimes"):
+        lines.append("llama.cpp runtimes, in the order tried:")
+        for row in r["runtimes"]:
+            why = f": {row['reason']}" if row.get("reason") else ""
+            lines.append(f"  {row['runtime']:<12} {row['state']}{why}")
     if r.get("remotes"):
         lines.append("remotes:")
         for rem in r["remotes"]:

@@ -6,27 +6,32 @@ JSON, made only where it leaves the process (or reaches a view that renders JSON
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.advice.inputs import AdviceInputs, local_inputs, with_overrides
+from app.core.errors import SettingsError
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
-from app.fit.plan import FitReport, rate
+from app.fit.plan import FitReport, calibrated, rate
 from app.formats.detect import ModelKind
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
 from app.lanes.installed import installed_lanes
 from app.lanes.llamacpp import fit_for, requested_ctx
+from app.lanes.llamacpp_spec import speculation_for
 from app.library.catalog import ModelEntry
+from app.library.drafts import choose_draft
 from app.library.footprints import LibraryFootprints
 from app.library.opening import open_catalog
+from app.library.speeds import Speed, SpeedStore
 from app.routing import Decision, FitCheck, check_pin, decide
 
 
@@ -95,12 +100,28 @@ class Explanation:
     hardware: Hardware
     loaded: dict[str, Any] | None = None
     last_measured: dict[str, Any] | None = None
+    # speculative decoding: its setting and, for a draft model, the pairing (which, why, or why none)
+    speculation: dict[str, Any] | None = None
+    # measured tokens/s of this model, per lane and device, the most recent first (app/library/speeds.py)
+    speeds: tuple[Speed, ...] = ()
+    calibration: dict[str, Any] | None = None  # the CPU calibration applied to the plan's speeds
+
+    @property
+    def measured(self) -> Speed | None:
+        """The measurement that matches the plan's placement (else the most recent one)."""
+        chosen = self.fit.chosen if self.fit else None
+        device = None if chosen is None else "CPU" if chosen.gpu_layers == 0 else "GPU"
+        return next((s for s in self.speeds if s.device == device), self.speeds[0] if self.speeds else None)
 
     @property
     def lane(self) -> str | None:
         return self.decision.lane
 
     def public(self) -> dict[str, Any]:
+        m = self.measured
+        fit = self.fit.public() if self.fit else None
+        if fit and fit["chosen"] and m is not None:  # only where measured: a hub plan stays the fit's own
+            fit["chosen"]["measured_tokens_per_s"] = m.gen_tps
         return {
             "model": self.model,
             "path": str(self.path),
@@ -108,7 +129,7 @@ class Explanation:
             "problem": self.problem,
             "decision": self.decision.public(),
             "decision_text": self.decision.render_text(),
-            "fit": self.fit.public() if self.fit else None,
+            "fit": fit,
             "fit_problem": self.fit_problem,
             "gpu_shares": self.gpu_shares,
             "requested": self.requested.public(),
@@ -116,7 +137,20 @@ class Explanation:
             "hardware": _hw_summary(self.hardware),
             "loaded": self.loaded,
             "last_measured": self.last_measured,
+            "speculation": self.speculation,
+            "tokens_per_s": self.fit.chosen.tokens_per_s if self.fit and self.fit.chosen else None,
+            "tokens_per_s_range": _range(self.fit),
+            "calibrated": bool(self.fit and self.fit.chosen and self.fit.chosen.calibrated),
+            "measured_tokens_per_s": m.gen_tps if m else None,
+            "measured_prompt_tokens_per_s": m.prompt_tps if m else None,
+            "measured_speeds": [s.public() for s in self.speeds],
+            "speed_calibration": self.calibration,
         }
+
+
+def _range(fit: FitReport | None) -> list[float] | None:
+    band = fit.chosen.tokens_per_s_range if fit and fit.chosen else None
+    return list(band) if band else None
 
 
 def explain(
@@ -125,10 +159,15 @@ def explain(
     inputs: AdviceInputs,
     lane: dict[str, Any] | None = None,
     recorded: dict[str, Any] | None = None,
+    library: Sequence[ModelEntry] = (),
+    speeds: Sequence[Speed] = (),
 ) -> Explanation:
-    """`lane`: the loaded lane's snapshot; `recorded`: the last load's predicted and measured memory."""
+    """`lane`: the loaded lane's snapshot; `recorded`: the last load's predicted and measured memory;
+    `library`: the models a draft model is chosen from (speculative type "draft"); `speeds`: this model's
+    measured tokens/s. The plan's speeds are calibrated by `inputs.speed` where it has the CPU."""
     settings, hardware = inputs.settings, inputs.hardware
     fmt = entry.model_format()
+    entry, speculation = speculation_view(entry, settings, library)
     report: FitReport | None = None
     fit_problem: str | None = None
     if fmt.kind is ModelKind.GGUF and entry.ok:
@@ -136,7 +175,7 @@ def explain(
         if isinstance(r, GGUFProblem):
             fit_problem = r.reason
         else:
-            report = r
+            report = calibrated(r, inputs.speed)
     shares: dict[str, dict[str, Any]] = {}
     if fmt.kind is ModelKind.SAFETENSORS and isinstance(fmt.facts, SafetensorsModel):
         shares = _gpu_shares(fmt.facts, hardware, settings=settings)
@@ -183,7 +222,43 @@ def explain(
         hardware=hardware,
         loaded=lane,
         last_measured=recorded,
+        speculation=speculation,
+        speeds=tuple(speeds),
+        calibration=_calibration_view(inputs),
     )
+
+
+def _calibration_view(inputs: AdviceInputs) -> dict[str, Any] | None:
+    cal = inputs.speed.get("CPU")
+    if cal is None:
+        return None
+    return {
+        "device": "CPU",
+        "efficiency": round(cal.efficiency, 3),
+        "per_token_s": cal.per_token_s,
+        "models": cal.models,
+    }
+
+
+def speculation_view(
+    entry: ModelEntry, settings: Settings, library: Sequence[ModelEntry]
+) -> tuple[ModelEntry, dict[str, Any] | None]:
+    """The entry with its draft paired (so the plan counts the draft's memory) and what explain shows."""
+    if entry.format != "gguf" or not entry.ok:
+        return entry, None
+    try:
+        spec = speculation_for(entry.id, settings)
+    except SettingsError as exc:
+        return entry, {"type": None, "problem": exc.message}
+    if not spec.on:
+        return entry, None
+    view: dict[str, Any] = {"type": spec.type}
+    if spec.type == "draft":
+        pairing = choose_draft(entry, library, named=spec.draft)
+        view["pairing"] = pairing.public()
+        if pairing.draft is not None:
+            entry = dataclasses.replace(entry, draft=pairing.draft.path)
+    return entry, view
 
 
 def explain_local(
@@ -194,12 +269,18 @@ def explain_local(
     settings = with_overrides(settings, model, overrides)
     target = Path(model).expanduser()
     library, catalog = open_catalog(settings, paths)  # measured footprints live in library.db
+    inputs = local_inputs(settings, paths)
     try:
         entry = entry_for_path(target.resolve()) if target.exists() else catalog.get(model, allow_broken=True)
         recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
+        models = catalog.servable()  # where a draft model is chosen from
+        store = SpeedStore(library)
+        bw = inputs.hardware.bandwidth.all_cores if inputs.hardware.bandwidth else None
+        inputs = dataclasses.replace(inputs, speed=store.calibration(bandwidth=bw))
+        speeds = store.of(entry.id)
     finally:
         library.close()
-    return explain(entry, inputs=local_inputs(settings, paths), recorded=recorded)
+    return explain(entry, inputs=inputs, recorded=recorded, library=models, speeds=speeds)
 
 
 def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) -> dict[str, dict[str, Any]]:
@@ -276,7 +357,7 @@ def render(doc: dict[str, Any]) -> str:
     out.append("placements:")
     for p in fit["placements"]:
         mark = "fits" if p["fits"] else "does not fit"
-        speed = f", ~{rate(p['tokens_per_s'])} tok/s" if p["tokens_per_s"] else f" ({p['speed_note']})"
+        speed = _speed_text(p)
         out.append(
             f"  {p['name']:<8} {p['gpu_layers']:>3} GPU layers: {mark}; largest context {p['max_ctx'] or '-'}"
             f"{speed}"
@@ -287,6 +368,7 @@ def render(doc: dict[str, Any]) -> str:
         out.append(f"  to make it fit: {a}")
     free = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in fit["budget"].items())
     out.append(f"free for this model: {free}")
+    out.extend(_measured_lines(doc))
     loaded = doc.get("loaded")
     heading = "loaded now:"
     if not (loaded and loaded.get("measured")) and doc.get("last_measured"):
@@ -306,6 +388,33 @@ def render(doc: dict[str, Any]) -> str:
     if m.get("rss_bytes"):
         out.append(f"    engine process RSS {fmt_bytes(m.get('rss_bytes'))}")
     return "\n".join(out)
+
+
+def _speed_text(p: dict[str, Any]) -> str:
+    if p.get("tokens_per_s"):
+        return f", ~{rate(p['tokens_per_s'])} tok/s ({'calibrated' if p.get('calibrated') else 'estimated'})"
+    band = p.get("tokens_per_s_range")
+    if band:
+        return f", {rate(band[0])}-{rate(band[1])} tok/s (a range: nothing measured here yet)"
+    return f" ({p['speed_note']})"
+
+
+def _measured_lines(doc: dict[str, Any]) -> list[str]:
+    """Speed, predicted beside measured (llama.cpp's own timings), and the calibration behind it."""
+    out: list[str] = []
+    for s in doc.get("measured_speeds") or []:
+        prompt = f", prompt {rate(s['prompt_tokens_per_s'])} tok/s" if s.get("prompt_tokens_per_s") else ""
+        out.append(
+            f"measured on {s['lane']} ({s['device']}): {rate(s['tokens_per_s'])} tok/s generating{prompt}, "
+            f"median of the last answers ({s['samples']} recorded, last {time.ctime(s['at'])})"
+        )
+    cal = doc.get("speed_calibration")
+    if cal:
+        out.append(
+            f"speed calibration (CPU): {cal['efficiency']:.2f} of the memory-bandwidth bound, from "
+            f"{cal['models']} measured model(s)"
+        )
+    return out
 
 
 def pin_refusal(entry: ModelEntry, lane: str, *, settings: Settings, hardware: Hardware) -> str | None:

@@ -1,10 +1,12 @@
 """Fit before download: the memory plan and routing decision for models that are still on the hub.
 
-For a GGUF quantization the header of every part is read with Range requests (app.hub.remote), written
-into sparse local stand-ins of the real sizes, and run through the same `explain()` a local file gets, so a
-remote verdict is the verdict the downloaded file will have. For a safetensors repository, config.json and
-the shards' safetensors headers give the parameter count and bytes per dtype; the verdict is then only
-about the weights (no KV cache model for those lanes yet), and says so.
+For a GGUF quantization the header of every part is read with Range requests (app.hub.range_reader),
+written into sparse local stand-ins of the real sizes, and run through the same `explain()` a local file
+gets, so a remote verdict is the verdict the downloaded file will have. The vision projector a pull would
+fetch beside it (app.hub.selection) is read the same way and paired, so its weights and encoder buffer are
+counted too. For a safetensors repository,
+config.json and the shards' safetensors headers give the parameter count and bytes per dtype; the verdict is
+then only about the weights (no KV cache model for those lanes yet), and says so.
 
 It sits in app.advice (beside explain.py) because it joins hub, formats, fit and routing. ("Remote" in this
 project means remote lanes only; this is the hub's side.)
@@ -26,8 +28,9 @@ from app.formats.detect import ModelFormat, ModelKind
 from app.formats.gguf_meta import GGUFFacts, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel, SafetensorsProblem, model_from_metadata
 from app.hub.api import ModelDetail
-from app.hub.quant import QuantChoice
-from app.hub.remote import RangeReader, sparse_copy
+from app.hub.quant import QuantChoice, RepoFile
+from app.hub.range_reader import Prefix, RangeReader, sparse_copy
+from app.hub.selection import pulled_projector
 from app.lanes.installed import installed_lanes
 from app.library.model import ModelEntry
 from app.routing import FitCheck, decide
@@ -52,14 +55,17 @@ def fit_choice(
     *,
     reader: RangeReader,
     inputs: AdviceInputs,
+    projector: RepoFile | None = None,
 ) -> dict[str, Any]:
-    """The verdict for one quantization; a hub error or unreadable header gives verdict None with why."""
+    """The verdict for one quantization, with `projector` (the mmproj a pull fetches with it) counted; a hub
+    error or unreadable header gives verdict None with why."""
     if not choice.complete:
         return _unknown(f"only {len(choice.files)} of its {choice.parts_expected} parts are on the hub")
     fetched = 0
+    files = [*choice.files, *([projector] if projector is not None else [])]
     try:
-        headers = []
-        for f in choice.files:
+        headers: list[tuple[RepoFile, Prefix]] = []
+        for f in files:
             prefix = reader.gguf_header(repo, commit, f.path)
             fetched += prefix.fetched
             headers.append((f, prefix))
@@ -68,10 +74,11 @@ def fit_choice(
     model_id = f"{repo}:{choice.name}"
     with tempfile.TemporaryDirectory(prefix="sy-remote-") as tmp:
         paths = [sparse_copy(Path(tmp), PurePosixPath(f.path).name, p.data, p.total) for f, p in headers]
+        mmproj = paths.pop() if projector is not None else None
         facts = read_gguf(paths[0])
         if not isinstance(facts, GGUFFacts):
             return _unknown(facts.reason, header_bytes_fetched=fetched)
-        entry = ModelEntry(model_id, paths[0], facts, None, tuple(paths))
+        entry = ModelEntry(model_id, paths[0], facts, None, tuple(paths), mmproj=mmproj)
         doc = explain(entry, inputs=inputs).public()
     fit = doc.get("fit")
     decision = doc["decision"]
@@ -87,6 +94,7 @@ def fit_choice(
         "rejections": decision.get("rejections", []),
         "header_bytes": sum(len(p.data) for _, p in headers),
         "header_bytes_fetched": fetched,
+        "projector": projector.path if projector is not None else None,
         "facts": doc.get("facts"),
         "requested": doc.get("requested"),
     }
@@ -223,8 +231,11 @@ def fit_detail(
         c for c in detail.gguf.choices if only is None or c.name.lower() == only.lower() or c.quant == only
     ]
 
+    # the projector `switchyard pull REPO:QUANT` would fetch beside each quantization
+    projector = pulled_projector(detail.gguf.projectors, detail.id)
+
     def one(c: QuantChoice) -> tuple[str, dict[str, Any]]:
-        verdict = fit_choice(detail.id, detail.commit, c, reader=reader, inputs=inputs)
+        verdict = fit_choice(detail.id, detail.commit, c, reader=reader, inputs=inputs, projector=projector)
         return c.name, verdict
 
     with ThreadPoolExecutor(max_workers=PARALLEL_READS) as pool:

@@ -9,6 +9,7 @@ from typing import Any
 from app.core.paths import Paths
 from app.core.pins import PinStore
 from app.core.settings import Settings
+from app.fit.plan import SpeedCalibration
 from app.hardware.model import Hardware
 
 
@@ -20,6 +21,8 @@ class AdviceInputs:
     hardware: Hardware
     pins: Mapping[str, str]
     used: Mapping[str, int] = field(default_factory=dict)
+    # this machine's speed calibration per device, from measured answers (app/library/speeds.py)
+    speed: Mapping[str, SpeedCalibration] = field(default_factory=dict)
 
 
 def with_overrides(settings: Settings, model_id: str, overrides: Mapping[str, Any] | None) -> Settings:

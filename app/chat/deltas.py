@@ -55,6 +55,26 @@ class Usage:
 Delta = Text | Reasoning | ToolCallPart | Finish | Usage
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def timing_figures(timings: dict[str, Any] | None) -> dict[str, float | int]:
+    """What a stats line shows of llama.cpp's `timings`: prompt and generation speed (tokens/s) and, when
+    speculative decoding drafted anything, the drafted and accepted token counts (absent otherwise)."""
+    t = timings or {}
+    out: dict[str, float | int] = {}
+    for key, name in (("prompt_per_second", "prompt_per_s"), ("predicted_per_second", "gen_per_s")):
+        value = _number(t.get(key))
+        if value is not None and value > 0:
+            out[name] = round(value, 1)
+    drafted, accepted = _int(t.get("draft_n")), _int(t.get("draft_n_accepted"))
+    if drafted:  # llama.cpp leaves both out when nothing was drafted
+        out["draft_n"] = drafted
+        out["draft_accepted"] = accepted or 0
+    return out
+
+
 class StreamRefusal(Exception):
     """The engine failed inside the stream; `payload` is what it said (JSON or text)."""
 

@@ -1,7 +1,9 @@
 """Conversations and their messages in SQLite (SWITCHYARD_HOME/chat.db).
 
 The desktop Chat page reads and writes through this; it survives restarts, and a conversation exports as
-Markdown or JSON. Each call is one short transaction, so a crash loses at most the message being written.
+Markdown or JSON (its images as data: URLs). Each call is one short transaction, so a crash loses at most the
+message being written. Images attached to a message live in `attachments` (bounds: app/chat/attachments.py);
+`PRAGMA user_version` says which migrations a file has had, so a chat.db from an older version opens as is.
 """
 
 from __future__ import annotations
@@ -9,11 +11,19 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import BadRequestError
+from app.chat.attachments import (
+    MAX_DB_IMAGE_BYTES,
+    MAX_IMAGES_PER_MESSAGE,
+    MIB,
+    Attachment,
+    Picture,
+)
+from app.core.errors import BadRequestError, ImageTooLargeError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -35,6 +45,20 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 """
+# one entry per schema version after the first; a file's `user_version` says how many it has had
+MIGRATIONS = (
+    """
+    CREATE TABLE IF NOT EXISTS attachments (
+        id INTEGER PRIMARY KEY,
+        message INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        mime TEXT NOT NULL,
+        width INTEGER NOT NULL,
+        height INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments(message, id);
+    """,
+)
 ROLES = ("system", "user", "assistant", "error")
 
 
@@ -57,6 +81,7 @@ class Message:
     content: str
     meta: dict[str, Any] = field(default_factory=dict)
     created: float = 0.0
+    images: tuple[Attachment, ...] = ()
 
 
 class ChatStore:
@@ -70,6 +95,16 @@ class ChatStore:
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        for n, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self._db:
+                self._db.execute("BEGIN")
+                for statement in filter(str.strip, script.split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {n}")
 
     def close(self) -> None:
         self._db.close()
@@ -132,19 +167,67 @@ class ChatStore:
 
     # ---- messages ----------------------------------------------------------------------------------
     def add(
-        self, conversation_id: int, role: str, content: str, *, meta: dict[str, Any] | None = None
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        *,
+        meta: dict[str, Any] | None = None,
+        images: Sequence[Picture] = (),
     ) -> int:
+        """A new message (with its images, made by attachments.prepare) in one transaction."""
         if role not in ROLES:
             raise BadRequestError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if len(images) > MAX_IMAGES_PER_MESSAGE:
+            raise BadRequestError(
+                f"a message takes at most {MAX_IMAGES_PER_MESSAGE} images, got {len(images)}; "
+                "remove some from the message",
+                param="image",
+            )
         now = time.time()
         with self._db:
             self._db.execute("BEGIN")
+            if images:
+                self._check_room(sum(len(p.data) for p in images))
             cur = self._db.execute(
                 "INSERT INTO messages (conversation, role, content, meta, created) VALUES (?, ?, ?, ?, ?)",
                 (conversation_id, role, content, json.dumps(meta or {}), now),
             )
+            mid = int(cur.lastrowid or 0)
+            self._db.executemany(
+                "INSERT INTO attachments (message, mime, width, height, data) VALUES (?, ?, ?, ?, ?)",
+                [(mid, p.mime, p.width, p.height, p.data) for p in images],
+            )
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        return int(cur.lastrowid or 0)
+        return mid
+
+    def _check_room(self, adding: int) -> None:
+        used = int(self._db.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM attachments").fetchone()[0])
+        if used + adding > MAX_DB_IMAGE_BYTES:
+            raise ImageTooLargeError(
+                f"chat.db already keeps {used / MIB:.0f} MiB of images (at most {MAX_DB_IMAGE_BYTES // MIB} "
+                "MiB); delete old conversations with images, then attach again",
+                param="image",
+            )
+
+    def image(self, attachment_id: int) -> Picture:
+        row = self._db.execute("SELECT * FROM attachments WHERE id = ?", (attachment_id,)).fetchone()
+        if row is None:
+            raise BadRequestError(f"no image {attachment_id}; its message may have been deleted")
+        return Picture(row["mime"], bytes(row["data"]), row["width"], row["height"])
+
+    def _images(self, conversation_id: int) -> dict[int, list[Attachment]]:
+        rows = self._db.execute(
+            "SELECT a.id, a.message, a.mime, a.width, a.height, LENGTH(a.data) AS size FROM attachments a "
+            "JOIN messages m ON m.id = a.message WHERE m.conversation = ? ORDER BY a.id",
+            (conversation_id,),
+        ).fetchall()
+        out: dict[int, list[Attachment]] = {}
+        for r in rows:
+            out.setdefault(r["message"], []).append(
+                Attachment(r["id"], r["message"], r["mime"], r["width"], r["height"], r["size"])
+            )
+        return out
 
     def update(self, message_id: int, *, content: str, meta: dict[str, Any] | None = None) -> None:
         self._db.execute(
@@ -156,8 +239,17 @@ class ChatStore:
         rows = self._db.execute(
             "SELECT * FROM messages WHERE conversation = ? ORDER BY id", (conversation_id,)
         ).fetchall()
+        images = self._images(conversation_id)
         return [
-            Message(r["id"], r["conversation"], r["role"], r["content"], json.loads(r["meta"]), r["created"])
+            Message(
+                r["id"],
+                r["conversation"],
+                r["role"],
+                r["content"],
+                json.loads(r["meta"]),
+                r["created"],
+                tuple(images.get(r["id"], ())),
+            )
             for r in rows
         ]
 
@@ -167,15 +259,24 @@ class ChatStore:
             "DELETE FROM messages WHERE conversation = ? AND id > ?", (conversation_id, message_id)
         )
 
-    def history(self, conversation_id: int) -> list[dict[str, str]]:
-        """The OpenAI `messages` list: the system prompt, then user and assistant turns (errors left out)."""
+    def history(self, conversation_id: int) -> list[dict[str, Any]]:
+        """The OpenAI `messages` list: the system prompt, then user and assistant turns (errors left out);
+        a message with images is a list of parts, its text then an `image_url` part (data: URL) each."""
         conv = self.get(conversation_id)
-        out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        out += [
-            {"role": m.role, "content": m.content}
-            for m in self.messages(conversation_id)
-            if m.role in ("user", "assistant") and m.content
-        ]
+        out: list[dict[str, Any]] = (
+            [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        )
+        for m in self.messages(conversation_id):
+            if m.role not in ("user", "assistant") or not (m.content or m.images):
+                continue
+            if not m.images:
+                out.append({"role": m.role, "content": m.content})
+                continue
+            parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+            parts += [
+                {"type": "image_url", "image_url": {"url": self.image(a.id).data_url()}} for a in m.images
+            ]
+            out.append({"role": m.role, "content": parts})
         return out
 
     # ---- export ------------------------------------------------------------------------------------
@@ -188,7 +289,13 @@ class ChatStore:
             "sampling": conv.sampling,
             "created": conv.created,
             "messages": [
-                {"role": m.role, "content": m.content, "meta": m.meta, "created": m.created}
+                {
+                    "role": m.role,
+                    "content": m.content,
+                    "meta": m.meta,
+                    "created": m.created,
+                    **({"images": [self._exported(a) for a in m.images]} if m.images else {}),
+                }
                 for m in self.messages(conversation_id)
             ],
         }
@@ -204,7 +311,12 @@ class ChatStore:
         names = {"user": "You", "assistant": "Assistant", "error": "Error"}
         for m in self.messages(conversation_id):
             out += [f"**{names.get(m.role, m.role)}:**", "", m.content, ""]
+            out += [f"![image {i}]({self.image(a.id).data_url()})" for i, a in enumerate(m.images, 1)]
+            out += [""] if m.images else []
         return "\n".join(out)
+
+    def _exported(self, a: Attachment) -> dict[str, Any]:
+        return {"mime": a.mime, "width": a.width, "height": a.height, "url": self.image(a.id).data_url()}
 
 
 def _title(title: str) -> str:

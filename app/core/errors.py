@@ -426,3 +426,39 @@ class CachePathEscapeError(HubUnsafeAnswerError):
     """A path in the Hugging Face cache resolves outside its repository's folder (a planted symlink)."""
 
     code = "cache_path_escape"
+
+
+class InvalidImageError(BadRequestError):
+    """An image part that is not a readable image: bad base64, a truncated or corrupt file."""
+
+    code = "invalid_image"
+
+
+class UnsupportedImageTypeError(BadRequestError):
+    """An image of a type the engine cannot decode (png, jpeg, gif and webp are taken)."""
+
+    code = "unsupported_image_type"
+
+
+class ImageTooLargeError(RequestTooLargeError):
+    """An image over the max_image_mib cap."""
+
+    code = "image_too_large"
+
+
+class ImageURLRefusedError(BadRequestError):
+    """An http(s) image URL while fetching is off, or one naming a private or loopback address."""
+
+    code = "image_url_not_allowed"
+
+
+class ImageFetchError(BadRequestError):
+    """An image URL that could not be fetched (unreachable, an error status, too slow)."""
+
+    code = "image_fetch_failed"
+
+
+class TooManyImagesError(ContextLengthExceededError):
+    """The images of a request take more tokens than the lane's per-request context holds."""
+
+    code = "too_many_images"

@@ -58,6 +58,11 @@ class Paths:
         return self.home / "library.db"
 
     @property
+    def evals_db(self) -> Path:
+        """Eval runs and their cases (app/quality/store.py)."""
+        return self.home / "evals.db"
+
+    @property
     def imported(self) -> Path:
         """Where `switchyard import` copies models (inside the models folder)."""
         return self.models / "imported"

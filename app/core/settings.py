@@ -15,13 +15,23 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
+from app.core.speculation import adapters_of, speculation_of
+from app.core.tracing import check_endpoint
+from app.safety.policy import parse_policy  # pure: it imports only the error tree
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8686
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "on", "off")
-RUNTIMES = ("auto", "xllamacpp", "llama-server")
-OVERRIDE_KEYS = ("ttl_s", "ctx_size", "parallel", "kv_type", "gpu_layers", "flash_attn")
+RUNTIMES = ("auto", "xllamacpp", "llama-server", "docker", "podman", "bin", "path")
+# what `runtime = "auto"` tries, in order (docs/engines.md#runtimes); runtime_order may reorder or drop
+RUNTIME_ORDER = ("docker", "podman", "bin", "path", "xllamacpp")
+# the keys `POST /api/models/{id}/load` takes; a model_overrides entry takes them and a few more
+LOAD_KEYS = ("ctx_size", "parallel", "kv_type", "flash_attn", "gpu_layers", "speculative", "lora")
+OVERRIDE_KEYS = ("ttl_s", *LOAD_KEYS, "session_bank", "mmproj", "max_output")
+# kept and shown, but no engine reads them yet: answers say so rather than pretend (none today: the
+# llama.cpp lane reads speculative and lora, docs/engines.md#speculative-decoding)
+NOT_WIRED_KEYS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,11 @@ class Settings:
     models_dirs: tuple[Path, ...] = ()
     max_loaded_lanes: int = 1
     max_embedding_lanes: int = 1
+    # residency (docs/configuration.md#residency): "single" keeps one text lane; "memory" keeps lanes
+    # loaded together while their footprints fit RAM (minus the reserve, within ram_budget_mib) and GPUs
+    residency: str = "single"
+    ram_budget_mib: int | None = None
+    memory_reserve_mib: int = 1024
     idle_ttl_s: float = 900.0
     ctx_size: int = 0
     parallel: int = 4
@@ -40,12 +55,17 @@ class Settings:
     gpu_layers: int = -1
     runtime: str = "auto"
     llama_server_path: str | None = None
+    runtime_order: str = ",".join(RUNTIME_ORDER)  # comma-separated, for runtime = "auto"
+    llama_cpp_version: str = ""  # the llama.cpp release tag runtime "bin" runs; "": the pin, or "latest"
     start_stall_s: float = 60.0
     start_max_s: float = 600.0
     stop_grace_s: float = 5.0
     drain_timeout_s: float = 30.0
     log_ring_lines: int = 2000
     prompt_cache_mib: int = 512
+    # session banking (docs/engines.md#session-banking): llama.cpp slots saved at a stop, restored on return
+    session_bank: bool = True
+    session_bank_budget_mib: int = 2048
     plan_memory: bool = True
     monitor_interval_s: float = 1.0
     event_loop: str = "auto"
@@ -55,8 +75,21 @@ class Settings:
     max_concurrent_per_client: int = 0
     idle_timeout_s: float = 60.0
     body_timeout_s: float = 60.0
+    # live transcription (docs/api.md#live-transcription): one session's length and its uncommitted audio
+    realtime_max_session_s: float = 1800.0
+    realtime_max_buffer_s: float = 60.0
     check_prompt_length: bool = True
+    # images in chat requests (docs/api.md#images): the decoded size cap, and http(s) image URLs fetched
+    # by the server (off: only data: URLs); private and loopback addresses only when allowed
+    max_image_mib: int = 20
+    fetch_image_urls: bool = False
+    fetch_image_private: bool = False
+    fetch_image_timeout_s: float = 10.0
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # standing update gates (docs/evals.md#update-gates): model id -> {"suite", "min_score"}
+    gates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # safety judges (docs/safety.md): which requests and answers guard models judge; {} is off
+    policy: dict[str, Any] = field(default_factory=dict)
     # security (docs/security.md): keys are always required on a non-loopback bind
     require_api_key: bool = False
     allowed_hosts: tuple[str, ...] = ()
@@ -76,6 +109,10 @@ class Settings:
     vllm_extra_args: str = ""
     sglang_extra_args: str = ""
     mlx_extra_args: str = ""
+    # the MLX lane's warmth is mlx-lm's own prompt cache (it does not bank): how many conversations it
+    # keeps and how many MiB they may take; 0 leaves mlx-lm's own default
+    mlx_prompt_cache_size: int = 0
+    mlx_prompt_cache_mib: int = 0
     # the Python 3.11+ that creates engine environments (`switchyard engine install`); None: this
     # process's own interpreter, or in a frozen bundle the newest python3 on PATH (docs/engines.md)
     engine_python: str | None = None
@@ -99,6 +136,12 @@ class Settings:
     tls_key: str | None = None
     # a non-loopback bind needs TLS unless this is set
     allow_plain_lan: bool = False
+    # traces (docs/tracing.md): the OTLP/HTTP collector spans go to (its base URL); None: no tracing at all
+    tracing_otlp_endpoint: str | None = None
+    # jobs (docs/jobs.md): hours between update checks of pulled models (0: off), and the webhooks told of
+    # job ends, failed gates, refusals and engine crashes ({"webhooks": [...], "refusals_per_hour": N})
+    update_check_h: float = 6.0
+    notify: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._check()
@@ -114,6 +157,16 @@ class Settings:
             raise SettingsError("event_loop must be auto, asyncio or uvloop")
         if self.runtime not in RUNTIMES:
             raise SettingsError(f"runtime must be one of {', '.join(RUNTIMES)}")
+        bad_order = [r for r in self.runtime_order.split(",") if r.strip() not in RUNTIME_ORDER]
+        if bad_order or not self.runtime_order.strip():
+            known = ", ".join(RUNTIME_ORDER)
+            raise SettingsError(f"runtime_order must list some of {known}, comma-separated, e.g. {known!r}")
+        if self.residency not in ("single", "memory"):
+            raise SettingsError(f'residency must be "single" or "memory", got {self.residency!r}')
+        if self.ram_budget_mib is not None and self.ram_budget_mib < 1:
+            raise SettingsError("ram_budget_mib must be a size in MiB (at least 1), or null for no cap")
+        if self.memory_reserve_mib < 0:
+            raise SettingsError("memory_reserve_mib must be 0 or a size in MiB to leave free")
         for name in ("max_loaded_lanes", "max_embedding_lanes", "parallel"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1")
@@ -124,8 +177,18 @@ class Settings:
             raise SettingsError("gpu_layers must be -1 (automatic) or a number of layers")
         if self.prompt_cache_mib < 0:
             raise SettingsError("prompt_cache_mib must be 0 (off) or a size in MiB")
+        for name in ("mlx_prompt_cache_size", "mlx_prompt_cache_mib"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be 0 (mlx-lm's default) or a positive number")
+        if self.session_bank_budget_mib < 0:
+            raise SettingsError("session_bank_budget_mib must be 0 (nothing kept) or a size in MiB")
+        if self.max_image_mib < 1:
+            raise SettingsError("max_image_mib must be at least 1")
         if self.max_body_mib < 1:
             raise SettingsError("max_body_mib must be at least 1")
+        for name in ("realtime_max_session_s", "realtime_max_buffer_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be a number of seconds above 0")
         if self.max_concurrent_per_client < 0:
             raise SettingsError("max_concurrent_per_client must be 0 (unlimited) or a number of requests")
         for name in ("idle_timeout_s", "body_timeout_s"):
@@ -138,10 +201,13 @@ class Settings:
             value = getattr(self, name)
             if value is not None and urlsplit(value).scheme not in ("http", "https"):
                 raise SettingsError(f"{name} must be an http:// or https:// URL, got {value!r}")
+        if self.tracing_otlp_endpoint is not None and (why := check_endpoint(self.tracing_otlp_endpoint)):
+            raise SettingsError(f"tracing_otlp_endpoint {why}; or remove it to turn tracing off")
         if self.log_ring_lines < 1:
             raise SettingsError("log_ring_lines must be at least 1")
         for name in (
             "remote_check_s",
+            "fetch_image_timeout_s",
             "engine_read_timeout_s",
             "engine_liveness_s",
             "engine_liveness_timeout_s",
@@ -153,13 +219,8 @@ class Settings:
                 raise SettingsError(f"engine_env[{kind!r}] must map variable names to string values")
         _check_security(self.allowed_hosts, self.cors_origins)
         for model, over in self.model_overrides.items():
-            bad = sorted(set(over) - set(OVERRIDE_KEYS))
-            if bad:
-                raise SettingsError(
-                    f"model_overrides[{model!r}] has unknown keys {bad}; allowed: {', '.join(OVERRIDE_KEYS)}"
-                )
-            for key, value in over.items():
-                _check_override(model, key, value)
+            check_overrides(model, over)
+        parse_policy(self.policy)  # SettingsError naming the policy key at fault
 
     def ttl_for(self, model_id: str) -> float:
         return float(self.model_overrides.get(model_id, {}).get("ttl_s", self.idle_ttl_s))
@@ -176,8 +237,32 @@ class Settings:
         return out
 
 
-def _check_override(model: str, key: str, value: Any) -> None:
-    where = f"model_overrides[{model!r}][{key!r}]"
+def check_overrides(
+    model: str, over: dict[str, Any], *, allowed: tuple[str, ...] = OVERRIDE_KEYS, where: str | None = None
+) -> None:
+    """SettingsError naming the first unknown key (with the allowed ones) or bad value of one model's
+    overrides; `where` names their source in the message (default: model_overrides[model])."""
+    place = where or f"model_overrides[{model!r}]"
+    bad = sorted(set(over) - set(allowed))
+    if bad:
+        raise SettingsError(f"{place} has unknown keys {bad}; allowed: {', '.join(allowed)}")
+    for key, value in over.items():
+        _check_override(place, key, value)
+
+
+def _check_override(place: str, key: str, value: Any) -> None:
+    where = f"{place}[{key!r}]"
+    if key in ("speculative", "lora"):
+        _check_adapters(where, key, value)
+        return
+    if key == "mmproj":  # the vision projector file to load with the model; "none" turns vision off
+        if not isinstance(value, str):
+            raise SettingsError(f'{where} must be a path to an mmproj .gguf file (or "none"), got {value!r}')
+        return
+    if key == "session_bank":
+        if not isinstance(value, bool):
+            raise SettingsError(f"{where} must be true or false, got {value!r}")
+        return
     if key in ("kv_type", "flash_attn"):
         allowed = KV_TYPES if key == "kv_type" else FLASH_ATTN
         if value not in allowed:
@@ -187,9 +272,18 @@ def _check_override(model: str, key: str, value: Any) -> None:
     if not number or (key != "ttl_s" and not isinstance(value, int)):
         kind = "a number of seconds" if key == "ttl_s" else "an integer"
         raise SettingsError(f"{where} must be {kind}, got {value!r}")
-    minimum = {"ttl_s": 0, "ctx_size": 0, "parallel": 1, "gpu_layers": -1}[key]
+    # max_output: the tokens a request that names no limit may generate (app/lanes/request_defaults.py)
+    minimum = {"ttl_s": 0, "ctx_size": 0, "parallel": 1, "gpu_layers": -1, "max_output": 1}[key]
     if value < minimum:
         raise SettingsError(f"{where} must be at least {minimum}, got {value!r}")
+
+
+def _check_adapters(where: str, key: str, value: Any) -> None:
+    # the shapes live in app/core/speculation.py, beside their parsed form
+    if key == "speculative":
+        speculation_of(value, where=where)
+    else:
+        adapters_of(value, where=where)
 
 
 def _check_security(hosts: tuple[str, ...], origins: tuple[str, ...]) -> None:
@@ -249,6 +343,22 @@ def settings_document(path: Path, text: str) -> dict[str, Any]:
     return raw
 
 
+def _gates(value: Any, origin: str) -> dict[str, dict[str, Any]]:
+    """Each standing gate names a suite (a built-in name or a file) and a pass mark from 0 to 1."""
+    if not isinstance(value, dict):
+        raise SettingsError(f"{origin}: gates must map model ids to {{suite, min_score}}")
+    for model, gate in value.items():
+        suite = gate.get("suite") if isinstance(gate, dict) else None
+        score = gate.get("min_score") if isinstance(gate, dict) else None
+        ok_score = isinstance(score, int | float) and not isinstance(score, bool) and 0 <= score <= 1
+        if not isinstance(suite, str) or not suite or not ok_score or set(gate) - {"suite", "min_score"}:
+            raise SettingsError(
+                f'{origin}: gates[{model!r}] must be {{"suite": NAME or FILE, "min_score": 0..1}}; '
+                "`switchyard gate MODEL SUITE N` writes one"
+            )
+    return value
+
+
 def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> Settings:
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -263,6 +373,20 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: model_overrides must map model ids to objects")
             values[key] = value
+        elif key == "gates":
+            values[key] = _gates(value, origin)
+        elif key == "policy":
+            if not isinstance(value, dict):
+                raise SettingsError(f"{origin}: policy must be an object (docs/safety.md)")
+            values[key] = value
+        elif key == "notify":
+            from app.core.notify import check_config  # the webhook rules live beside their sender
+
+            values[key] = check_config(value, origin)
+        elif key == "update_check_h" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+        ):
+            raise SettingsError(f"{origin}: update_check_h must be a number of hours, 0 or more (0: off)")
         elif key == "engine_env":
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: engine_env must map engine kinds to objects of variables")
@@ -271,6 +395,10 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SettingsError(f"{origin}: {key} must be a list of strings")
             values[key] = tuple(value)
+        elif key == "ram_budget_mib":
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise SettingsError(f"{origin}: ram_budget_mib must be an integer (MiB) or null")
+            values[key] = value
         elif key in (
             "llama_server_path",
             "sd_server_path",
@@ -280,6 +408,7 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             "hf_cache_dir",
             "tls_cert",
             "tls_key",
+            "tracing_otlp_endpoint",
         ):
             if value is not None and not isinstance(value, str):
                 raise SettingsError(f"{origin}: {key} must be a string or null")

@@ -50,6 +50,13 @@ class FitParams:
     n_ubatch: int = 512
     gpu_layers: int = 0  # layers on the GPU; block_count + 1 also puts the output layer there
     prompt_cache_bytes: int = 0  # the server's host-RAM prompt cache limit (an upper bound)
+    # a vision projector loaded beside the weights (app/fit/projector.py): its tensors, its encoder's buffer
+    projector_bytes: int = 0
+    projector_compute_bytes: int = 0
+    # speculative decoding's draft model (its weights and its own KV cache) and the LoRA adapters' tensors;
+    # both go where the model's layers go (app/lanes/llamacpp_spec.py)
+    draft_bytes: int = 0
+    lora_bytes: int = 0
 
     @property
     def ctx_per_seq(self) -> int:
@@ -63,13 +70,24 @@ class DeviceUse:
     kv_cache: int = 0
     compute: int = 0
     projector: int = 0
+    projector_compute: int = 0
+    draft: int = 0
+    lora: int = 0
     overhead: int = 0
     prompt_cache: int = 0  # the server's host-RAM prompt cache: a cap it grows to, not an upfront allocation
 
     @property
     def total(self) -> int:
         return (
-            self.weights + self.kv_cache + self.compute + self.projector + self.overhead + self.prompt_cache
+            self.weights
+            + self.kv_cache
+            + self.compute
+            + self.projector
+            + self.projector_compute
+            + self.draft
+            + self.lora
+            + self.overhead
+            + self.prompt_cache
         )
 
     def public(self) -> dict[str, Any]:
@@ -79,6 +97,9 @@ class DeviceUse:
             "kv_cache": self.kv_cache,
             "compute": self.compute,
             "projector": self.projector,
+            "projector_compute": self.projector_compute,
+            "draft": self.draft,
+            "lora": self.lora,
             "overhead": self.overhead,
             "prompt_cache": self.prompt_cache,
             "total": self.total,
@@ -173,12 +194,17 @@ def breakdown(
     kv_gpu = sum(kv[n - on_gpu :]) if on_gpu else 0
     kv_host = sum(kv) - kv_gpu
     compute = compute_bytes(layout, params=params)
+    projector_bytes = projector_bytes or params.projector_bytes
+    proj_compute = params.projector_compute_bytes
     host = DeviceUse(
         "CPU",
         weights=host_w,
         kv_cache=kv_host,
         compute=compute if not on_gpu else compute // 8,  # the host keeps a small buffer on offload
         projector=projector_bytes if not gpu_devices else 0,
+        projector_compute=proj_compute if not gpu_devices else 0,
+        draft=params.draft_bytes if not on_gpu else 0,
+        lora=params.lora_bytes if not on_gpu else 0,
         overhead=HOST_BASELINE,
         prompt_cache=params.prompt_cache_bytes,
     )
@@ -194,6 +220,9 @@ def breakdown(
                 kv_cache=round(kv_gpu * share),
                 compute=compute if on_gpu else 0,
                 projector=projector_bytes if g == 0 else 0,
+                projector_compute=proj_compute if g == 0 else 0,
+                draft=params.draft_bytes if on_gpu and g == 0 else 0,
+                lora=params.lora_bytes if on_gpu and g == 0 else 0,
                 overhead=GPU_CONTEXT,
             )
         )

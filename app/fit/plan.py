@@ -34,6 +34,26 @@ BPW = {
     "mostly_q2_k": 3.35,
 }
 SMALLER = (("Q4_K_M", 4.85), ("Q3_K_M", 3.91), ("Q2_K", 3.35))
+# Uncalibrated, a CPU prediction is this share of the bandwidth bound, low to high (docs/fit.md#speed):
+# measured machines ran from under a tenth of it (a busy shared VM) to about the bound itself.
+SPEED_BAND = (0.1, 1.0)
+# below this many bytes read per token, fixed per-token costs outweigh memory traffic: such models are
+# not used to learn the efficiency (they teach the per-token cost instead)
+BANDWIDTH_BOUND_BYTES = 16 * MIB
+
+
+@dataclass(frozen=True)
+class SpeedCalibration:
+    """What this machine's measurements say about one device: generation speed is `efficiency` times the
+    bandwidth bound, plus a fixed `per_token_s` learned from small models; `models`: how many were used."""
+
+    efficiency: float
+    per_token_s: float = 0.0
+    models: int = 0
+
+    def predict(self, raw_tps: float) -> float:
+        """Tokens/s for a model whose bandwidth bound is `raw_tps`."""
+        return 1.0 / (1.0 / (raw_tps * self.efficiency) + self.per_token_s)
 
 
 @dataclass(frozen=True)
@@ -85,9 +105,13 @@ class Placement:
     devices: tuple[DeviceUse, ...]
     fits: bool
     max_ctx: int | None  # the largest total context that fits this placement (None: not even the minimum)
-    tokens_per_s: float | None
+    tokens_per_s: float | None  # calibrated for this machine; None where only a range is known
     speed_note: str
     short_by: dict[str, int] = field(default_factory=dict)
+    raw_tokens_per_s: float | None = None  # the bandwidth bound alone
+    tokens_per_s_range: tuple[float, float] | None = None  # (low, high) while nothing calibrates it
+    calibrated: bool = False
+    bytes_per_token: int | None = None  # what one generated token reads: active weights + half the KV
 
     def public(self) -> dict[str, Any]:
         return {
@@ -99,6 +123,10 @@ class Placement:
             "fits": self.fits,
             "max_ctx": self.max_ctx,
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_range": list(self.tokens_per_s_range) if self.tokens_per_s_range else None,
+            "raw_tokens_per_s": self.raw_tokens_per_s,
+            "calibrated": self.calibrated,
+            "bytes_per_token": self.bytes_per_token,
             "speed_note": self.speed_note,
             "devices": [d.public() for d in self.devices],
             "short_by": self.short_by,
@@ -165,20 +193,43 @@ def largest_ctx(
     return lo * step
 
 
-def _speed(layout: GGUFLayout, hw: Hardware, p: FitParams, n_gpus: int) -> tuple[float | None, str]:
-    """Tokens/s from memory bandwidth: every active weight and half the context's KV are read per token."""
+def bytes_per_token(layout: GGUFLayout, p: FitParams) -> int:
+    """Bytes one generated token reads: every active weight and half the context's KV."""
     active = sum(layout.layer_bytes) + layout.output_bytes
     if layout.expert_count and layout.expert_used_count:
         active = int(
             active * max(layout.expert_used_count / layout.expert_count, 0.1)
         )  # rough: experts dominate
     kv = kv_bytes_per_cell(layout, kv_type=p.kv_type) * p.ctx_per_seq / 2
+    return max(1, int(active + kv))
+
+
+def bandwidth_bound(read_bytes: int, bandwidth: float) -> float:
+    """Tokens/s if each token only waited for its bytes: the copy figure counts read + write, a token
+    only reads, so half of `bandwidth` is the read rate."""
+    return (bandwidth / 2) / max(1, read_bytes)
+
+
+def _speed(layout: GGUFLayout, hw: Hardware, p: FitParams, n_gpus: int) -> tuple[float | None, str]:
+    """The bandwidth bound in tokens/s (None on a GPU, or with no bandwidth measured) and a note."""
     if p.gpu_layers > 0 and n_gpus:
         return None, "GPU memory bandwidth is not reported by the driver; measured speed shows after a load"
     if hw.bandwidth is None:
         return None, "memory bandwidth not measured yet"
-    bw = hw.bandwidth.all_cores / 2  # the copy figure counts read + write; a token only reads
-    return round(bw / max(1.0, active + kv), 1), "estimated from measured memory bandwidth (all cores)"
+    raw = bandwidth_bound(bytes_per_token(layout, p), hw.bandwidth.all_cores)
+    return round(raw, 1), "estimated from measured memory bandwidth (all cores)"
+
+
+def _band(raw: float) -> tuple[float, float]:
+    lo, hi = SPEED_BAND
+    return round(raw * lo, 1), round(raw * hi, 1)
+
+
+def _range_note(band: tuple[float, float]) -> str:
+    return (
+        f"{rate(band[0])}-{rate(band[1])} tok/s from memory bandwidth: a range, as nothing measured on this "
+        "machine calibrates it yet"
+    )
 
 
 def plan_placements(
@@ -254,7 +305,8 @@ def _placement(
     p = dataclasses.replace(params, gpu_layers=layers)
     uses = _uses(layout, p, n_gpus)
     short = _short_by(uses, budget)
-    speed, note = _speed(layout, hw, p, n_gpus)
+    raw, note = _speed(layout, hw, p, n_gpus)
+    band = _band(raw) if raw is not None else None
     return Placement(
         name=name,
         gpu_layers=layers,
@@ -262,10 +314,50 @@ def _placement(
         devices=uses,
         fits=not short,
         max_ctx=largest_ctx(layout, p, n_gpus, budget, ceiling=ceiling),
-        tokens_per_s=speed,
-        speed_note=note,
+        tokens_per_s=None,
+        speed_note=_range_note(band) if band else note,
         short_by=short,
+        raw_tokens_per_s=raw,
+        tokens_per_s_range=band,
+        bytes_per_token=bytes_per_token(layout, p),
     )
+
+
+def speed_words(p: Placement) -> str:
+    """The speed part of a summary: the calibrated figure, else the range, else nothing."""
+    if p.tokens_per_s:
+        return f", about {rate(p.tokens_per_s)} tokens/s"
+    if p.tokens_per_s_range:
+        return (
+            f", {rate(p.tokens_per_s_range[0])}-{rate(p.tokens_per_s_range[1])} tokens/s (not measured yet)"
+        )
+    return ""
+
+
+def calibrated(report: FitReport, calibration: Mapping[str, SpeedCalibration]) -> FitReport:
+    """`report` with this machine's calibration applied to its CPU placements (GPUs have no bandwidth
+    bound to scale yet); unchanged when `calibration` has nothing for the CPU."""
+    cal = calibration.get("CPU")
+    if cal is None:
+        return report
+
+    def one(p: Placement) -> Placement:
+        if p.raw_tokens_per_s is None or p.gpu_layers > 0:
+            return p
+        note = f"calibrated from {cal.models} model(s) measured on this machine"
+        tps = round(cal.predict(p.raw_tokens_per_s), 1)
+        return dataclasses.replace(
+            p, tokens_per_s=tps, tokens_per_s_range=None, calibrated=True, speed_note=note
+        )
+
+    placements = tuple(one(p) for p in report.placements)
+    chosen = next((q for p, q in zip(report.placements, placements, strict=True) if p is report.chosen), None)
+    summary = report.summary
+    if report.chosen is not None and chosen is not None:
+        old = speed_words(report.chosen)
+        if old and summary.endswith(old):
+            summary = summary[: -len(old)] + speed_words(chosen)
+    return dataclasses.replace(report, summary=summary, chosen=chosen, placements=placements)
 
 
 def rate(tps: float) -> str:
@@ -283,7 +375,7 @@ def _report(
 ) -> FitReport:
     if chosen is not None:
         total = sum(d.total for d in chosen.devices)
-        speed = f", about {rate(chosen.tokens_per_s)} tokens/s" if chosen.tokens_per_s else ""
+        speed = speed_words(chosen)
         where = {
             "gpu": "fits on the GPU",
             "partial": f"partial offload: {chosen.gpu_layers} of {layout.block_count} layers on the GPU",
@@ -318,17 +410,41 @@ def _report(
 
 
 def _advice(layout: GGUFLayout, params: FitParams, cpu: Placement, budget: Budget) -> list[str]:
+    """What would make it fit on the CPU path, each step saying whether it is enough on its own: advice
+    that still would not fit says so, and names the smaller model it takes when no quantization does."""
     out: list[str] = []
+    short = max(0, sum(d.total for d in cpu.devices) - budget.devices.get("CPU", 0))
+
+    def enough(saved: int) -> str:
+        return (
+            "enough to fit"
+            if saved >= short
+            else f"not enough on its own: still {fmt_bytes(short - saved)} short"
+        )
+
     kv = sum(d.kv_cache for d in cpu.devices)
     if params.kv_type in ("f16", "bf16", "f32") and kv > 64 * MIB:
         saved = int(kv * (1 - KV_TYPE_BYTES["q8_0"] / KV_TYPE_BYTES[params.kv_type]))
-        out.append(f"a q8_0 KV cache would save {fmt_bytes(saved)} (--kv-type q8_0)")
+        out.append(f"a q8_0 KV cache would save {fmt_bytes(saved)}, {enough(saved)} (--kv-type q8_0)")
     bpw = BPW.get(layout.file_type or "")
     weights = sum(d.weights for d in cpu.devices)
-    if bpw:
-        for name, target in SMALLER:
-            if target < bpw:
+    smaller = [(name, target) for name, target in SMALLER if bpw and target < bpw]
+    if bpw and smaller and weights:
+        for name, target in smaller:
+            saved = weights - int(weights * target / bpw)
+            if saved >= short:
                 need = fmt_bytes(int(weights * target / bpw))
-                out.append(f"a {name} quantization of this model would need about {need} for its weights")
+                out.append(
+                    f"a {name} quantization of this model would need about {need} for its weights, "
+                    "enough to fit"
+                )
                 break
+        else:
+            name, target = smaller[-1]
+            saved = weights - int(weights * target / bpw)
+            if weights * 2 >= short:  # the weights are what is large: a smaller model is the way
+                out.append(
+                    f"even a {name} quantization would still be {fmt_bytes(short - saved)} short: "
+                    "choose a model with fewer parameters"
+                )
     return out

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from app.formats.diffusers_meta import INDEX as DIFFUSERS_INDEX
 from app.formats.diffusers_meta import DiffusersPipeline, DiffusersProblem, read_diffusers
+from app.formats.gguf_adapter import ADAPTER_NOTE, read_adapter
 from app.formats.gguf_layout import KIND_DIFFUSION, KIND_PROJECTOR, GGUFLayout, read_gguf_layout
 from app.formats.gguf_meta import MAGIC, GGUFProblem, split_part
 from app.formats.hf_config import ConfigProblem, read_config
@@ -130,7 +131,9 @@ def _gguf(path: Path, companions: tuple[Path, ...] = ()) -> ModelFormat:
     layout = read_gguf_layout(path)
     if isinstance(layout, GGUFProblem):
         kind = ModelKind.MMPROJ if "mmproj" in path.name.lower() else ModelKind.GGUF
-        return ModelFormat(kind, path, layout.reason, files=(path,))
+        # a LoRA adapter has no layers of its own: say what it is, not that the file is damaged
+        reason = ADAPTER_NOTE if read_adapter(path) is not None else layout.reason
+        return ModelFormat(kind, path, reason, files=(path,))
     if layout.kind == KIND_PROJECTOR:
         kind = ModelKind.MMPROJ
     elif layout.kind == KIND_DIFFUSION:

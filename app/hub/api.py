@@ -19,7 +19,7 @@ from app.hub import client, safe_names
 from app.hub.config import HubConfig
 from app.hub.errors import hub_errors
 from app.hub.quant import GGUFGroups, RepoFile, group_gguf_files
-from app.hub.remote import RangeReader
+from app.hub.range_reader import RangeReader
 
 # --format NAME -> the hub tag or library name that filter matches
 FORMAT_FILTERS = {

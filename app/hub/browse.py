@@ -13,7 +13,7 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hub.api import HubClient
 from app.hub.config import HubConfig, hub_config
-from app.hub.remote import RangeReader, ReadCache
+from app.hub.range_reader import RangeReader, ReadCache
 from app.hub.token import TokenStore
 
 

@@ -6,6 +6,7 @@
     snapshots/<commit>/<path>              relative symlink to ../../blobs/<key> (a copy without symlinks)
     refs/main                              the commit `main` points at
     refs/switchyard-previous               the commit before the last `switchyard update`
+    refs/switchyard-candidate              a gated update's new commit while its eval runs
 
 Every part of a path built here is checked by app.hub.safe_names (a hub's answer is not trusted to name
 files), and every write or link is checked to resolve inside the repository's folder.
@@ -23,6 +24,7 @@ from pathlib import Path
 from app.hub import safe_names
 
 PREVIOUS_REF = "switchyard-previous"
+CANDIDATE_REF = "switchyard-candidate"  # a gated update lands here; main moves only if it passes
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 
 
@@ -123,3 +125,31 @@ def snapshot_files(repo_dir: Path, commit: str) -> list[str]:
         if p.is_file() and not p.name.startswith("."):
             out.append(p.relative_to(root).as_posix())
     return out
+
+
+def delete_ref(repo_dir: Path, name: str) -> None:
+    safe_names.check_revision(name)
+    with contextlib.suppress(FileNotFoundError):
+        inside_repo(repo_dir, repo_dir / "refs" / name).unlink()
+
+
+def discard_snapshot(repo_dir: Path, commit: str) -> int:
+    """Delete `snapshots/<commit>` and the blobs no other snapshot links to; the bytes freed. A blob
+    another snapshot (the current one, an older one) still uses is kept."""
+    safe_names.check_commit(repo_of(repo_dir), commit)
+    root = inside_repo(repo_dir, repo_dir / "snapshots" / commit)
+    if not root.is_dir():
+        return 0
+    blobs = (repo_dir / "blobs").resolve()
+    used: set[Path] = set()
+    for other in (repo_dir / "snapshots").iterdir():
+        if other.name != commit and other.is_dir():
+            used.update(Path(os.path.realpath(p)) for p in other.rglob("*") if p.is_file())
+    freed = 0
+    for p in root.rglob("*"):
+        target = Path(os.path.realpath(p))
+        if p.is_symlink() and target.parent == blobs and target not in used and target.is_file():
+            freed += target.stat().st_size
+            target.unlink()
+    shutil.rmtree(root)
+    return freed

@@ -16,6 +16,8 @@ publishes the move as its event (MOVE_EVENTS); `download.queued` announces a new
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -49,6 +51,7 @@ from app.hub import cache_layout, safe_names
 from app.hub.client import explicit_proxy, offline_error
 from app.hub.config import HubConfig, hub_config
 from app.hub.selection import RepoCommit, fetch_commit, select
+from app.hub.slots import Slots
 from app.hub.transfer import FileSpec, Transfer, TransferOptions, partial_bytes, remove_partial
 
 
@@ -107,7 +110,7 @@ class Job:
     commit: str
     files: list[FileSpec]
     selector: str | None = None
-    kind: str = "pull"  # or "update": refs move only when every file is in
+    kind: str = "pull"  # or "update": refs move only when every file is in; "candidate": a gated update
     previous: str | None = None  # update: the commit refs/<revision> pointed at before
     state: JobState = JobState.QUEUED
     error: str | None = None
@@ -210,12 +213,22 @@ class DownloadManager:
         self.resume_on_start = resume_on_start
         self.jobs: dict[str, Job] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(settings.download_concurrency)
+        # paused or cancelled tasks until their cleanup is over: a resume waits for it, or it would find
+        # the partial still locked by the task it replaces ("being downloaded by another process")
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._slots = Slots(settings.download_concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._persisted: set[str] = set()  # ids of the jobs whose state file this manager read or wrote
 
     def config(self) -> HubConfig:
         return hub_config(self.settings, token=self.token())
+
+    async def apply_settings(self, settings: Settings) -> None:
+        """New settings for the jobs to come and those running: the hub endpoint, proxy and offline mode
+        are read at each job's start; the concurrency limit changes now; parts apply to the next transfer."""
+        self.settings = settings
+        self.options = dataclasses.replace(self.options, parts=settings.download_parts)
+        await self._slots.resize(settings.download_concurrency)
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -244,7 +257,7 @@ class DownloadManager:
         tasks = list(self._tasks.values())
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._stopping.values(), return_exceptions=True)
         self._tasks.clear()
         if self._session is not None:
             await self._session.close()
@@ -262,16 +275,23 @@ class DownloadManager:
         return sorted(self.jobs.values(), key=lambda j: j.created)
 
     async def submit(
-        self, repo: str, *, revision: str | None = None, quant: str | None = None, file: str | None = None
+        self,
+        repo: str,
+        *,
+        revision: str | None = None,
+        quant: str | None = None,
+        file: str | None = None,
+        mmproj: str | None = None,
     ) -> Job:
         """Resolve `repo[:quant|:file]` on the hub and queue it; an unfinished job for the same files
-        is resumed instead of doubled."""
+        is resumed instead of doubled. `mmproj` names the vision projector pulled with a quantization
+        (default: the matching f16 one; "none": none)."""
         safe_names.check_repo_id(repo)
         if quant and file:
             raise BadRequestError("give either a quantization or a file, not both", param="quant")
         revision = safe_names.check_revision(revision or "main")
         rc = await asyncio.to_thread(fetch_commit, self.config(), repo, revision)
-        files = select(rc, file or quant)
+        files = select(rc, file or quant, mmproj=mmproj)
         if file and [f.path for f in files] != [file]:
             raise HubFileNotFoundError(f"{repo} has no file {file!r} at {revision}", param="file")
         return self._queue(rc, revision, files, selector=file or quant)
@@ -392,6 +412,12 @@ class DownloadManager:
         task = self._tasks.pop(job.id, None)
         if task is not None:
             task.cancel()
+            self._stopping[job.id] = task
+            task.add_done_callback(functools.partial(self._stopped, job.id))
+
+    def _stopped(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._stopping.get(key) is task:
+            del self._stopping[key]
 
     def _start(self, job: Job) -> None:
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"download-{job.id}")
@@ -445,6 +471,8 @@ class DownloadManager:
         repo_dir.mkdir(parents=True, exist_ok=True)
 
     async def _run(self, job: Job) -> None:
+        if (previous := self._stopping.get(job.id)) is not None:  # resumed right after a pause
+            await asyncio.gather(previous, return_exceptions=True)
         try:
             config = self.config()
             if config.offline:
@@ -533,15 +561,19 @@ class DownloadManager:
             cache_layout.link_snapshot(repo_dir, job.commit, f.path, f.key)
         if cache_layout.is_commit(job.revision):
             return
+        if job.kind == "candidate":  # a gated update: main moves in promote(), if the eval passes
+            cache_layout.write_ref(repo_dir, cache_layout.CANDIDATE_REF, job.commit)
+            return
         if job.kind == "update" and job.previous and job.previous != job.commit:
             cache_layout.write_ref(repo_dir, cache_layout.PREVIOUS_REF, job.previous)
         cache_layout.write_ref(repo_dir, job.revision, job.commit)
 
     # --- update and rollback ----------------------------------------------------------------------
 
-    async def update(self, repo: str, *, revision: str = "main") -> Job | None:
+    async def update(self, repo: str, *, revision: str = "main", candidate: bool = False) -> Job | None:
         """Queue the files of the snapshot `refs/<revision>` points at, at the hub's newer commit (None:
-        already current). Blobs that did not change are linked, not fetched; refs move at the end."""
+        already current). Blobs that did not change are linked, not fetched; refs move at the end. A
+        `candidate` (a gated update) lands under refs/switchyard-candidate and moves nothing."""
         config = self.config()
         repo_dir = cache_layout.repo_folder(config.cache_dir, repo)
         old = cache_layout.read_ref(repo_dir, safe_names.check_revision(revision))
@@ -561,7 +593,36 @@ class DownloadManager:
                 f"none of the files of {repo}'s snapshot {old[:12]} exist at the hub's {rc.commit[:12]}; "
                 "pull a quantization of the new commit instead"
             )
-        return self._queue(rc, revision, files, selector=None, kind="update", previous=old)
+        kind = "candidate" if candidate else "update"
+        return self._queue(rc, revision, files, selector=None, kind=kind, previous=old)
+
+    def promote(self, repo: str, *, revision: str = "main") -> dict[str, Any]:
+        """A candidate that passed its gate becomes current: refs/<revision> moves to it, the commit it
+        leaves is kept for `--rollback`."""
+        repo_dir = cache_layout.repo_folder(self.config().cache_dir, repo)
+        candidate = cache_layout.read_ref(repo_dir, cache_layout.CANDIDATE_REF)
+        current = cache_layout.read_ref(repo_dir, revision)
+        if candidate is None:
+            raise BadRequestError(f"{repo} has no update waiting on its gate", param="repo")
+        if current and current != candidate:
+            cache_layout.write_ref(repo_dir, cache_layout.PREVIOUS_REF, current)
+        cache_layout.write_ref(repo_dir, revision, candidate)
+        cache_layout.delete_ref(repo_dir, cache_layout.CANDIDATE_REF)
+        return {"repo": repo, "revision": revision, "commit": candidate, "previous": current}
+
+    def discard(self, repo: str, *, revision: str = "main") -> dict[str, Any]:
+        """A candidate that failed its gate goes: its ref, its snapshot, and the blobs only it used."""
+        repo_dir = cache_layout.repo_folder(self.config().cache_dir, repo)
+        candidate = cache_layout.read_ref(repo_dir, cache_layout.CANDIDATE_REF)
+        cache_layout.delete_ref(repo_dir, cache_layout.CANDIDATE_REF)
+        keep = {
+            cache_layout.read_ref(repo_dir, revision),
+            cache_layout.read_ref(repo_dir, cache_layout.PREVIOUS_REF),
+        }
+        freed = (
+            cache_layout.discard_snapshot(repo_dir, candidate) if candidate and candidate not in keep else 0
+        )
+        return {"repo": repo, "commit": candidate, "freed": freed}
 
     def rollback(self, repo: str, *, revision: str = "main") -> dict[str, Any]:
         """Point refs/<revision> back at the commit before the last update (and remember the one left)."""

@@ -7,6 +7,7 @@ git oids); the transfer itself is ours (app/hub/transfer.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from huggingface_hub import HfApi
 
@@ -65,20 +66,38 @@ def _file_spec(repo: str, name: object, size: object, lfs: object, oid: object) 
     return FileSpec(path=path, size=size, sha256=sha256, oid=oid if isinstance(oid, str) else None)
 
 
-def _projector(projectors: list[RepoFile], quant: str | None) -> RepoFile | None:
-    """One vision projector for a choice: the same quantization, else F16, else the smallest."""
+def _projector(projectors: list[RepoFile], repo: str, mmproj: str | None) -> RepoFile | None:
+    """The vision projector pulled beside a quantization: the one `mmproj` names (a path or a file name;
+    "none" for no projector), else the F16 one (projectors are small, and F16 loses nothing), else BF16,
+    else the smallest."""
+    if mmproj is not None:
+        if mmproj.strip().lower() == "none":
+            return None
+        for p in projectors:
+            if mmproj in (p.path, PurePosixPath(p.path).name):
+                return p
+        have = ", ".join(p.path for p in projectors) or "none"
+        raise HubFileNotFoundError(
+            f"{repo} has no projector {mmproj!r}; its projectors: {have}", param="mmproj"
+        )
     if not projectors:
         return None
-    for want in (quant, "F16", "BF16"):
+    for want in ("F16", "BF16"):
         for p in projectors:
-            if want is not None and parse_quant(p.path) == want:
+            if parse_quant(p.path) == want:
                 return p
     return min(projectors, key=lambda p: p.size or 0)
 
 
-def select(rc: RepoCommit, selector: str | None) -> list[FileSpec]:
+def pulled_projector(projectors: list[RepoFile], repo: str) -> RepoFile | None:
+    """The projector a plain pull of a quantization fetches beside it (for sizes shown before a pull)."""
+    return _projector(projectors, repo, None)
+
+
+def select(rc: RepoCommit, selector: str | None, *, mmproj: str | None = None) -> list[FileSpec]:
     """The files `selector` names: a file path, a quantization (all its parts plus the projector), or,
-    with no selector, the one quantization a GGUF repository has, or every file of a non-GGUF one."""
+    with no selector, the one quantization a GGUF repository has, or every file of a non-GGUF one.
+    `mmproj` names the projector to pull with a quantization (`pull --mmproj FILE`; "none": none)."""
     if selector and selector in rc.files:
         return [rc.files[selector]]
     repo_files = [RepoFile(f.path, f.size, f.sha256) for f in rc.files.values()]
@@ -105,7 +124,7 @@ def select(rc: RepoCommit, selector: str | None) -> list[FileSpec]:
             f"{choice.parts_expected} parts); pick another quantization"
         )
     paths = [f.path for f in choice.files]
-    proj = _projector(groups.projectors, choice.quant)
+    proj = _projector(groups.projectors, rc.repo, mmproj)
     if proj is not None and not is_projector(paths[0]):
         paths.append(proj.path)
     return [rc.files[p] for p in paths]

@@ -22,11 +22,11 @@ from app.core.settings import Settings
 from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo, Hardware
-from app.lanes.kind import engine_process_env, engine_python, find_binary, module_install
+from app.lanes.kind import engine_process_env, engine_python, find_binary
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import settings_env
+from app.lanes.python_kind import PythonEngineKind
 from app.library.model import ModelEntry
-from app.routing.model import LaneInstall
 from app.routing.traits import CUDA_MIN_CC
 
 DEFAULT_MAX_LEN_CAP = 32768  # the window asked for when none is set: long enough, and KV stays bounded
@@ -156,30 +156,14 @@ def cuda_plan(
     )
 
 
-class _CudaKind:
-    lane = ""
-    module = ""
-    dist = ""
-    formats = frozenset({"safetensors"})
-    offers = frozenset({"chat", "completions", "tools"})
-    memory = "fraction"
-
-    def install(self, settings: Settings) -> LaneInstall:
-        return module_install(
-            self.lane,
-            self.module,
-            self.dist,
-            hint=f"switchyard engine install {self.lane} or pip install {self.dist} (Linux, NVIDIA GPU)",
-        )
+@dataclass(frozen=True, kw_only=True)
+class CudaKind(PythonEngineKind):
+    """vLLM or SGLang: a Python package in its own engine environment (the base's install and refusal),
+    started as the engine's own server with a GPU share planned beside the other GPU lanes, so `build`
+    needs the hardware and what is promised already, which the base's `launch` does not get."""
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
-        install = self.install(settings)
-        if not install.installed:
-            return install.note
-        return cuda_refusal(hardware)
-
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
-        return frozenset({"chat", "completions", "tools"})
+        return super().start_refusal(settings, hardware) or cuda_refusal(hardware)
 
     def build(
         self,
@@ -198,7 +182,7 @@ class _CudaKind:
         if not isinstance(fmt.facts, SafetensorsModel):
             raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
         # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
-        engine = engine_python(self.lane, self.module, self.dist)
+        engine = engine_python(self.lane, self.module, self.dist())
         python = engine.python if engine and engine.managed else sys.executable
         exe: str | None = python  # SGLang: python -m sglang.launch_server
         if self.lane == "vllm":
@@ -218,13 +202,19 @@ class _CudaKind:
         return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
 
 
-class VLLMKind(_CudaKind):
-    lane = "vllm"
-    module = "vllm"
-    dist = "vllm"
+def _cuda_kind(lane: str, title: str) -> CudaKind:
+    return CudaKind(
+        lane=lane,
+        title=title,
+        runtime=lane,
+        module=lane,
+        dists=(lane,),
+        hint=f"switchyard engine install {lane} or pip install {lane} (Linux, NVIDIA GPU)",
+        formats=frozenset({"safetensors"}),
+        offers=frozenset({"chat", "completions", "tools"}),
+        memory="fraction",
+    )
 
 
-class SGLangKind(_CudaKind):
-    lane = "sglang"
-    module = "sglang"
-    dist = "sglang"
+VLLM = _cuda_kind("vllm", "vLLM")
+SGLANG = _cuda_kind("sglang", "SGLang")

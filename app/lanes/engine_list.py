@@ -13,10 +13,12 @@ from typing import Any
 
 from app.core.errors import EngineStateError
 from app.core.settings import Settings
+from app.hardware.build_choice import choose_build
 from app.hardware.model import Hardware
 from app.lanes.engine_store import EngineState, EngineStore, load_manifest
 from app.lanes.kind import dist_version
 from app.lanes.kinds import engine_kinds
+from app.lanes.runtimes import choose_runtime, machine_now
 from app.routing.engines import LANES, title
 
 
@@ -69,6 +71,18 @@ def engine_rows(
                 "can_start": refusal is None,
                 "health": "ok" if refusal is None else refusal,
                 "problem": problem,
+                **build_fields(lane, settings, hardware),
             }
         )
     return rows
+
+
+def build_fields(lane: str, settings: Settings, hardware: Hardware | None) -> dict[str, Any]:
+    """`build` (cpu, cuda12, cuda13, rocm, vulkan, metal; None: unknown) and `build_why` for one engine:
+    llama.cpp's from the runtime chosen, the Python engines' from the probe (the package that carries it)."""
+    if lane == "llama.cpp":
+        choice = choose_runtime(settings, hardware)
+        return {"build": choice.build, "build_why": choice.why, "runtime": choice.runtime}
+    chosen = choose_build(lane, machine_now(hardware))
+    why = f"{chosen.reason} ({chosen.package})" if chosen.package else chosen.reason
+    return {"build": chosen.build, "build_why": why, "runtime": None}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from app.core.errors import EngineUnavailableError, NoLaneForFormatError
 from app.core.settings import Settings
 from app.hardware.model import Hardware
-from app.lanes.cuda import SGLangKind, VLLMKind
+from app.lanes.cuda import SGLANG, VLLM
 from app.lanes.kind import EngineKind
-from app.lanes.llamacpp import LlamaCppKind
+from app.lanes.llamaserver import LlamaRuntimesKind
 from app.lanes.mistralrs import MISTRALRS
 from app.lanes.mlx import MLX
 from app.lanes.piper import PIPER
@@ -21,11 +21,11 @@ from app.routing.traits import traits_of, unroutable_reason
 def engine_kinds() -> dict[str, EngineKind]:
     """Stateless kind objects in the canonical lane order (the Python-packaged ones are frozen instances)."""
     kinds: list[EngineKind] = [
-        LlamaCppKind(),
+        LlamaRuntimesKind(),  # llama.cpp on the runtime chosen for this machine
         MISTRALRS,
         MLX,
-        VLLMKind(),
-        SGLangKind(),
+        VLLM,
+        SGLANG,
         SDCppKind(),
         WHISPER,
         PIPER,

@@ -55,6 +55,7 @@ FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readin
 # a request whose connection broke this soon after its engine was killed as unresponsive is told so
 HUNG_WINDOW_S = 10.0
 T = TypeVar("T")
+BEFORE_STOP_S = 30.0  # the most a stop waits for its hook (saving slots to the session bank)
 
 
 def lane_slug(model_id: str) -> str:
@@ -110,6 +111,8 @@ class Lane:
         self._liveness: asyncio.Task[None] | None = None
         self.progress = Progress()
         self._hung: tuple[float, str] | None = None  # (when, the error's message) of the last hang
+        # called by the owner before a ready engine is stopped (the session bank saves its slots)
+        self.before_stop: Callable[[Lane], Awaitable[None]] | None = None
         self._inbox: asyncio.Queue[Command] = asyncio.Queue()
         self._owner = asyncio.create_task(self._run(), name=f"lane:{model_id}")
 
@@ -595,7 +598,10 @@ class Lane:
             if self.state is LaneState.FAILED:
                 self._set(LaneState.STOPPED, reason=reason)
             return
+        was_ready = self.state is LaneState.READY
         self._set(LaneState.STOPPING, reason=reason)
+        if was_ready and self.before_stop is not None and self.proc is not None:
+            await self._before_stop(self.before_stop)
         if self.proc is not None:
             rc = await self.proc.terminate(grace=self.settings.stop_grace_s)
             self.ring.add(f"--- switchyard: engine stopped ({reason}), exit code {rc}")
@@ -603,6 +609,14 @@ class Lane:
         self._draining = False
         self.ttl_override = None
         self._set(LaneState.STOPPED, reason=reason)
+
+    async def _before_stop(self, hook: Callable[[Lane], Awaitable[None]]) -> None:
+        """The stop hook, bounded: a hook that fails or hangs never keeps the engine from stopping."""
+        try:
+            async with asyncio.timeout(BEFORE_STOP_S):
+                await hook(self)
+        except Exception as exc:  # the stop goes on whatever the hook did
+            log.warning("before stopping %s: %s: %s", self.model_id, type(exc).__name__, exc)
 
 
 def transition_text(

@@ -11,46 +11,72 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.core.errors import EngineUnavailableError, ModelTooLargeError
+from app.core.errors import EngineUnavailableError, ModelBrokenError, ModelTooLargeError
 from app.core.frozen import module_argv
+from app.core.paths import Paths
 from app.core.settings import Settings
 from app.fit.memory import MIB, FitParams
 from app.fit.plan import Budget, FitReport, plan_placements
+from app.fit.projector import projector_memory
 from app.formats.gguf_layout import read_gguf_layout
 from app.formats.gguf_meta import GGUFProblem
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
+from app.lanes.bank import bank_enabled, slots_dir
 from app.lanes.kind import EnginePython, engine_process_env, engine_python
 from app.lanes.kind import worker_argv as kind_worker_argv
+from app.lanes.llamacpp_spec import extra_memory, spec_argv, spec_params
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import settings_env
 from app.lanes.worker_params import LlamaParams
 from app.library.catalog import ModelEntry
+from app.library.pairing import vision_projector
 from app.routing.model import LaneInstall
 
-DEFAULT_SLOT_CTX = 4096
+DEFAULT_SLOT_CTX = 4096  # per slot, where the trained window is unknown or no memory plan cuts it
 
 
 def requested_ctx(entry: ModelEntry, settings: Settings) -> tuple[int, bool]:
-    """(total context, whether it was chosen automatically)."""
+    """(total context, whether it was chosen automatically).
+
+    Automatic: every slot asks for the trained window; the memory plan (plan_placements with ctx_is_auto)
+    cuts that to the most whose KV cache fits beside the weights, in whole pages per slot, so each of the
+    `parallel` slots holds exactly total // parallel tokens, which the gateway's preflight counts against."""
     assert entry.facts is not None
     parallel = int(settings.override(entry.id, "parallel", settings.parallel))
     ctx = int(settings.override(entry.id, "ctx_size", settings.ctx_size))
     if ctx:
         return ctx, False
-    # automatic: each slot gets the trained window, capped so the KV cache stays modest
-    return min(entry.facts.context_length or DEFAULT_SLOT_CTX, DEFAULT_SLOT_CTX) * parallel, True
+    return (entry.facts.context_length or DEFAULT_SLOT_CTX) * parallel, True
+
+
+def unplanned_ctx(entry: ModelEntry, settings: Settings) -> int:
+    """The context a start without a memory plan takes: an explicit one, else the trained window capped
+    at DEFAULT_SLOT_CTX per slot (nothing measured what a longer one would cost)."""
+    ctx, auto = requested_ctx(entry, settings)
+    if not auto:
+        return ctx
+    parallel = int(settings.override(entry.id, "parallel", settings.parallel))
+    return min(ctx // parallel, DEFAULT_SLOT_CTX) * parallel
 
 
 def fit_params(entry: ModelEntry, settings: Settings) -> FitParams:
     mid = entry.id
-    return FitParams(
+    try:
+        vision = vision_projector(entry, settings)
+    except ModelBrokenError:
+        vision = None  # the start says why; the plan counts what would load
+    pm = projector_memory(vision[1]) if vision else None
+    params = FitParams(
+        projector_bytes=pm.weights if pm else 0,
+        projector_compute_bytes=pm.compute if pm else 0,
         ctx_size=requested_ctx(entry, settings)[0],
         parallel=int(settings.override(mid, "parallel", settings.parallel)),
         kv_type=str(settings.override(mid, "kv_type", settings.kv_type)),
         flash_attn=str(settings.override(mid, "flash_attn", settings.flash_attn)) != "off",
         prompt_cache_bytes=settings.prompt_cache_mib * MIB,
     )
+    return extra_memory(entry, settings, params=params)  # a draft model and LoRA adapters, when set
 
 
 def fit_for(
@@ -76,12 +102,13 @@ def plan_params(entry: ModelEntry, settings: Settings, *, fit: FitReport | None 
     facts = entry.facts
     mid = entry.id
     parallel = int(settings.override(mid, "parallel", settings.parallel))
-    ctx = requested_ctx(entry, settings)[0]
+    ctx = unplanned_ctx(entry, settings)
     gpu_layers = int(settings.override(mid, "gpu_layers", settings.gpu_layers))
     if fit is not None and fit.chosen is not None:  # the plan is what runs
         ctx = fit.chosen.params.ctx_size
         gpu_layers = fit.chosen.gpu_layers
     threads = settings.threads or usable_cores()
+    vision = None if facts.is_embedding else vision_projector(entry, settings)
     return LlamaParams(
         model_path=str(entry.path),
         alias=mid,
@@ -94,7 +121,19 @@ def plan_params(entry: ModelEntry, settings: Settings, *, fit: FitReport | None 
         embedding=facts.is_embedding,
         pooling=facts.pooling_type if facts.is_embedding else None,
         cache_ram_mib=settings.prompt_cache_mib,
+        slot_save_path=_slot_save_path(entry, settings),
+        mmproj_path=str(vision[0]) if vision else "",
+        mmproj_use_gpu=gpu_layers != 0,  # the projector goes where the layers go (the same plan)
+        **spec_params(mid, settings, model_path=entry.path, draft=entry.draft, gpu_layers=gpu_layers),
     )
+
+
+def _slot_save_path(entry: ModelEntry, settings: Settings) -> str:
+    """The session bank's folder for a chat model with banking on, else "" (no /slots save or restore)."""
+    assert entry.facts is not None
+    if entry.facts.is_embedding or not bank_enabled(entry.id, settings):
+        return ""
+    return str(slots_dir(Paths.from_env().home)) + os.sep
 
 
 def find_llama_server(settings: Settings) -> str | None:
@@ -174,8 +213,15 @@ def llama_server_argv(binary: str, params: LlamaParams, *, port: int, ppid: int)
         "--cache-ram",
         str(params.cache_ram_mib),
     ]
+    if params.slot_save_path:
+        args += ["--slot-save-path", params.slot_save_path]
+    if params.mmproj_path:
+        args += ["--mmproj", params.mmproj_path]
+        if not params.mmproj_use_gpu:
+            args += ["--no-mmproj-offload"]
     if params.gpu_layers >= 0:
         args += ["--n-gpu-layers", str(params.gpu_layers)]
+    args += spec_argv(params)
     if params.embedding and params.pooling == "rank":
         args += ["--reranking"]  # embedding mode with rank pooling, and the /v1/rerank route
     elif params.embedding:
@@ -252,7 +298,8 @@ class LlamaCppKind:
             return frozenset({"embeddings"})
         if entry.kind == "rerank":
             return frozenset({"rerank"})
-        return frozenset({"chat", "completions", "tools"})
+        vision = {"vision"} if entry.mmproj is not None else set()  # its projector loads with it
+        return frozenset({"chat", "completions", "tools", *vision})
 
     def build(
         self,

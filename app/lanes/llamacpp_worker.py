@@ -59,11 +59,51 @@ def _common_params(x: Any, p: LlamaParams) -> Any:
     cp.hostnames = ["127.0.0.1"]
     cp.port = 0
     cp.cache_ram_mib = p.cache_ram_mib
+    if p.slot_save_path:
+        cp.slot_save_path = p.slot_save_path  # /slots save and restore read and write only here
+    if p.mmproj_path:
+        cp.mmproj.path = p.mmproj_path
+        cp.mmproj_use_gpu = p.mmproj_use_gpu
+    _speculative(x, cp.speculative, p)
+    if p.lora_paths:
+        pairs = zip(p.lora_paths, p.lora_scales, strict=True)
+        cp.lora_adapters = [_adapter(x, path, scale) for path, scale in pairs]
     cp.verbosity = LOAD_VERBOSITY
     if p.embedding:
         cp.embedding = True
         cp.pooling_type = getattr(x.llama_pooling_type, f"LLAMA_POOLING_TYPE_{(p.pooling or 'mean').upper()}")
     return cp
+
+
+def _speculative(x: Any, sp: Any, p: LlamaParams) -> None:
+    """Speculative decoding on the engine's own parameters; it ignores the per-request fields."""
+    if not p.spec_type:
+        return
+    sp.types = [getattr(x.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{p.spec_type.upper()}")]
+    # each n-gram kind keeps its knobs on its own struct; a negative value keeps the engine's default
+    knobs: list[tuple[Any, str, float]] = []
+    if p.spec_type in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
+        table = getattr(sp, p.spec_type)
+        knobs = [(table, "size_n", p.spec_size_n), (table, "size_m", p.spec_size_m)]
+        knobs.append((table, "min_hits", p.spec_min_hits))
+    elif p.spec_type == "ngram_mod":
+        m = sp.ngram_mod
+        knobs = [(m, "n_match", p.spec_n_match), (m, "n_min", p.spec_n_min), (m, "n_max", p.spec_n_max)]
+    elif p.spec_type == "draft_simple":
+        d = sp.draft
+        d.mparams.path = p.draft_path
+        d.n_gpu_layers = p.draft_gpu_layers
+        knobs = [(d, "n_max", p.spec_n_max), (d, "n_min", p.spec_n_min), (d, "p_min", p.spec_p_min)]
+    for target, name, value in knobs:
+        if value >= 0:
+            setattr(target, name, type(getattr(target, name))(value))
+
+
+def _adapter(x: Any, path: str, scale: float) -> Any:
+    info = x.CommonAdapterLoraInfo()
+    info.path = path
+    info.scale = scale
+    return info
 
 
 def _quiet_llama_log(x: Any) -> None:
@@ -95,13 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(params.model_path):
         print(f"switchyard-worker: model file not found: {params.model_path}", file=sys.stderr, flush=True)
         return 4
+    for extra in (params.draft_path, *params.lora_paths):
+        if extra and not os.path.isfile(extra):
+            print(f"switchyard-worker: file not found: {extra}", file=sys.stderr, flush=True)
+            return 4
+    if params.mmproj_path and not os.path.isfile(params.mmproj_path):
+        print(
+            f"switchyard-worker: vision projector not found: {params.mmproj_path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 4
     import xllamacpp  # imported late: a missing wheel is reported by the parent, not a traceback here
 
     t0 = time.monotonic()
     try:
         server = xllamacpp.Server(_common_params(xllamacpp, params))
     except RuntimeError as exc:
-        print(f"switchyard-worker: llama.cpp could not load the model: {exc}", file=sys.stderr, flush=True)
+        what = (
+            f"the model or its vision projector {params.mmproj_path}" if params.mmproj_path else "the model"
+        )
+        print(f"switchyard-worker: llama.cpp could not load {what}: {exc}", file=sys.stderr, flush=True)
         return 5
     load_s = time.monotonic() - t0
     # Server() returns once the model is loaded and the socket listens (its first /health answers 200)

@@ -19,7 +19,8 @@ from pathlib import Path
 from app.core.frozen import module_argv
 from app.core.settings import Settings
 from app.lanes.kind import EnginePython, engine_process_env
-from app.lanes.plan import LaunchPlan
+from app.lanes.llamacpp import DEFAULT_SLOT_CTX
+from app.lanes.plan import LaunchPlan, PromptBound
 from app.lanes.proc import settings_env
 from app.lanes.python_kind import PythonEngineKind
 from app.library.model import ModelEntry
@@ -35,6 +36,16 @@ class MLXParams:
 
 def apple_silicon() -> bool:
     return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def prompt_cache_args(settings: Settings) -> tuple[str, ...]:
+    """mlx-lm's prompt cache, sized by the settings (nothing passed where they leave its default)."""
+    args: tuple[str, ...] = ()
+    if settings.mlx_prompt_cache_size:
+        args += ("--prompt-cache-size", str(settings.mlx_prompt_cache_size))
+    if settings.mlx_prompt_cache_mib:
+        args += ("--prompt-cache-bytes", str(settings.mlx_prompt_cache_mib * 1024 * 1024))
+    return args
 
 
 def trained_context(folder: Path) -> int | None:
@@ -122,6 +133,7 @@ def mlx_plan(
         "127.0.0.1",
         "--port",
         str(free_port),
+        *prompt_cache_args(settings),
         *extra,
     )
     env = engine_process_env(settings_env(settings, kind="mlx"), engine, worker=False)
@@ -136,4 +148,9 @@ def mlx_plan(
         engine="mlx",
         memory="runtime-managed",
         cwd=str(root),
+        # mlx_lm.server would take any prompt: bounded by the trained window (else the configured default)
+        prompt_bound=PromptBound(
+            tokens=params.trained_context or settings.ctx_size or DEFAULT_SLOT_CTX,
+            tokenizer=str(Path(folder) / "tokenizer.json"),
+        ),
     )

@@ -11,6 +11,15 @@ from typing import Any
 
 from app.fit.plan import FitReport
 
+
+@dataclass(frozen=True)
+class PromptBound:
+    """The most tokens a request may hold, counted with this tokenizer.json (the gateway's preflight)."""
+
+    tokens: int
+    tokenizer: str
+
+
 # What a lane can be asked to do, named as the 400 for a missing one names it.
 CAPABILITIES = (
     "chat",
@@ -46,6 +55,8 @@ class LaunchPlan:
     prediction: dict[str, Any] | None = None  # for kinds whose plan is not a FitReport (a GPU share)
     notes: tuple[str, ...] = field(default=())
     cwd: str | None = None  # the engine's working directory; None: the server's
+    # what the gateway bounds a prompt by itself, for engines that would take any (MLX): None for the rest
+    prompt_bound: PromptBound | None = None
 
     def public(self) -> dict[str, Any]:
         return {

@@ -12,9 +12,10 @@ one and none is kept). Every change is published once as a `remote.state` event.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -247,8 +248,28 @@ class RemoteLane:
         self.remote = remote
         self.served_name = upstream  # the name the remote knows it by
         self.id = self.model_id = f"{remote.name}/{upstream}"
-        self.in_flight = 0
-        self.last_used: float | None = None
+        self._in_flight = 0
+        self._last_used: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding this remote model now (counted by `request()` only)."""
+        return self._in_flight
+
+    @property
+    def last_used(self) -> float | None:
+        return self._last_used
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
+        self._in_flight += 1
+        self._last_used = time.time()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._last_used = time.time()
 
     @property
     def available(self) -> bool:

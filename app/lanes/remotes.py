@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -142,13 +141,8 @@ class RemoteRegistry:
             raise remote.auth_failed(401)
         if remote.state is not RemoteState.READY:
             raise RemoteUnavailableError(remote.error or f"remote {remote.name!r} is not ready")
-        lane.in_flight += 1
-        lane.last_used = time.time()
-        try:
+        with lane.request():  # the lane counts itself: in flight and last used
             yield lane
-        finally:
-            lane.in_flight -= 1
-            lane.last_used = time.time()
 
     def listing(self) -> list[dict[str, Any]]:
         """Every exposed remote model, as /v1/models lists it."""

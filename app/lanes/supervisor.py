@@ -2,8 +2,10 @@
 
 Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` side lanes (embedding
 models and rerankers together) are loaded; asking for another stops the least recently used idle one
-first (waiting for its in-flight requests to finish, up to `drain_timeout_s`). A lane idle for its TTL
-is stopped.
+first (waiting for its in-flight requests to finish, up to `drain_timeout_s`). With `residency:
+"memory"` lanes also stay loaded together while their footprints fit (app/lanes/residency.py), and a
+newcomer that lacks memory stops the least recently used idle ones first. A lane idle for its TTL is
+stopped.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -19,20 +22,44 @@ from pathlib import Path
 
 import aiohttp
 
-from app.core.errors import CapabilityMissingError, LaneBusyError, LaneNotFoundError
+from app.core.errors import (
+    CapabilityMissingError,
+    LaneBusyError,
+    LaneNotFoundError,
+    ModelTooLargeError,
+    SwitchyardError,
+)
 from app.core.events import EventBus
 from app.core.pins import PinStore
 from app.core.settings import Settings
+from app.core.units import MIB
+from app.fit.plan import FitReport
 from app.hardware.model import Hardware
 from app.hardware.probe import read_memory
 from app.lanes.kind import EngineKind
 from app.lanes.kinds import choose_kind, default_kind, engine_kinds
 from app.lanes.lane import Lane, LaneState, lane_slug
+from app.lanes.llamacpp import fit_for
+from app.lanes.llamacpp_spec import with_draft
+from app.lanes.mlx import trained_context
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import LogRing
+from app.lanes.residency import (
+    Footprint,
+    Resident,
+    describe,
+    fmt_devices,
+    free_bytes,
+    gpu_free,
+    gpu_used_now,
+    plan_room,
+    predicted_footprint,
+    settle_rss,
+)
 from app.library.catalog import Catalog, ModelEntry
 from app.routing.engines import title
 
+log = logging.getLogger("switchyard.supervisor")
 # side lanes (embedding models, rerankers) share one limit, so loading one never evicts a chat lane
 _SIDE_KINDS = frozenset({"embedding", "rerank"})
 
@@ -84,6 +111,9 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self.hardware: Hardware | None = None  # set by the Runtime once probed; None: no memory planning
         self.kinds: dict[str, EngineKind] = engine_kinds()
+        # per model: the settle footprint of its last load (kept after it stops: the next load's need)
+        self.settled: dict[str, Footprint] = {}
+        self._gpu_before: dict[str, dict[str, int]] = {}  # cards' memory used just before a start
 
     async def __aenter__(self) -> Supervisor:
         self._http = aiohttp.ClientSession()
@@ -140,6 +170,8 @@ class Supervisor:
         # re-read the catalog at each start: the file may have changed or vanished since
         fresh = self.catalog.get(entry.id)
         kind = self.kind_for(fresh)
+        if kind.lane == "llama.cpp":
+            fresh = with_draft(fresh, self.settings, self.catalog.servable())
         hw = self.hardware
         if hw is not None:
             # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,
@@ -185,7 +217,7 @@ class Supervisor:
                 bus=self.bus,
                 ring=ring,
                 http=self.http,
-                on_ready=self._on_ready,
+                on_ready=self._lane_ready,
             )
             self.lanes[entry.id] = lane
         return lane
@@ -215,14 +247,108 @@ class Supervisor:
         excess = len(others) + 1 - self._limit(target.kind)
         victims = sorted(others, key=lambda ln: (ln.in_flight > 0, ln.last_used or 0))[: max(0, excess)]
         for victim in victims:
-            async with victim.drained(wait_s=self.settings.drain_timeout_s) as idle:
-                if not idle:
-                    raise LaneBusyError(
-                        f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
-                        f"{victim.in_flight} request(s) and only {self._limit(target.kind)} "
-                        f"{target.kind} lane(s) may be loaded; retry, or raise max_loaded_lanes"
-                    )
-                await victim.stop(reason=f"swapped out for {target.model_id}")
+            limit = f"only {self._limit(target.kind)} {target.kind} lane(s) may be loaded"
+            await self._swap_out(victim, target, busy=f"{limit}; retry, or raise max_loaded_lanes")
+        if self.settings.residency == "memory":
+            await self._make_memory_room(target)
+        # the card's memory just before the start: the settle footprint is the delta from it
+        self._gpu_before[target.model_id] = await asyncio.to_thread(gpu_used_now, self.hardware)
+
+    async def _swap_out(self, victim: Lane, target: Lane, *, busy: str, note: str | None = None) -> None:
+        """Stop `victim` for `target` once its requests are done (up to drain_timeout_s), else refuse."""
+        async with victim.drained(wait_s=self.settings.drain_timeout_s) as idle:
+            if not idle:
+                raise LaneBusyError(
+                    f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
+                    f"{victim.in_flight} request(s) and {busy}"
+                )
+            if note is not None:
+                line = f"--- switchyard: stopped {victim.model_id} to make room for {target.model_id}: {note}"
+                log.info(line.removeprefix("--- switchyard: "))
+                victim.ring.add(line)
+                target.ring.add(line)
+            await victim.stop(reason=f"swapped out for {target.model_id}")
+
+    async def _make_memory_room(self, target: Lane) -> None:
+        """Residency "memory": stop the least recently used idle lanes until `target`'s footprint fits
+        (busy ones only after they finish); refuse with the numbers when even that would not do."""
+        need = self.need_of(target)
+        for _ in range(len(self.lanes)):
+            others = [ln for ln in self.lanes.values() if ln is not target and ln.state is LaneState.READY]
+            free = self._free(others)
+            room = plan_room(need, free=free, residents=[self._resident(ln) for ln in others])
+            numbers = describe(need, free)
+            if room.short:
+                raise ModelTooLargeError(
+                    f"cannot load {target.model_id!r}: it {numbers}, and stopping every other lane would "
+                    f"still leave it {fmt_devices(room.short)} short; raise ram_budget_mib "
+                    "or lower memory_reserve_mib, or choose a smaller quant or context"
+                )
+            if not room.victims:
+                if others:
+                    beside = ", ".join(ln.model_id for ln in others)
+                    target.ring.add(f"--- switchyard: loading {target.model_id} beside {beside}: {numbers}")
+                return
+            victim = self.lanes[room.victims[0].id]
+            busy = f"{target.model_id!r} {numbers}; retry when it is done, or unload a model"
+            await self._swap_out(victim, target, busy=busy, note=numbers)
+
+    def _free(self, loaded: list[Lane]) -> dict[str, int]:
+        return free_bytes(
+            ram_available=read_memory().available,
+            gpu_free=gpu_free(self.hardware),
+            loaded=[self.footprint_of(ln) for ln in loaded],
+            reserve=self.settings.memory_reserve_mib * MIB,
+            ram_budget=self.settings.ram_budget_mib * MIB if self.settings.ram_budget_mib else None,
+        )
+
+    def _resident(self, lane: Lane) -> Resident:
+        return Resident(lane.id, lane.in_flight > 0, lane.last_used or 0.0, self.footprint_of(lane))
+
+    def footprint_of(self, lane: Lane) -> Footprint | None:
+        """What `lane` takes: its model's last settle footprint, else its plan's prediction (MLX: none)."""
+        measured = self.settled.get(lane.model_id)
+        if measured is not None:
+            return measured
+        return predicted_footprint(lane.plan.predicted()) if lane.plan is not None else None
+
+    def need_of(self, lane: Lane) -> Footprint | None:
+        """What starting `lane` will take: as `footprint_of`, else a fresh llama.cpp memory plan."""
+        known = self.footprint_of(lane)
+        if known is not None or self.hardware is None:
+            return known
+        try:
+            entry = self.catalog.get(lane.model_id)
+            if self.kind_for(entry).lane != "llama.cpp":
+                return None  # runtime-managed kinds are known by their measured footprint only
+            hw = dataclasses.replace(self.hardware, memory=read_memory())
+            report = fit_for(entry, self.settings, hardware=hw, used=self.gpu_used(exclude=lane.id))
+        except SwitchyardError:
+            return None  # the start itself says what is wrong with the model
+        if not isinstance(report, FitReport) or not report.placements:
+            return None
+        placement = report.chosen or report.placements[-1]  # no fit now: the CPU plan, the largest host need
+        return Footprint({d.device: d.total for d in placement.devices}, "predicted")
+
+    def _lane_ready(self, lane: Lane) -> None:
+        if lane.proc is not None:  # first: a failing recorder below must not cost the measurement
+            task = asyncio.create_task(self._settle(lane, lane.proc.pid), name=f"settle:{lane.model_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._on_ready is not None:
+            self._on_ready(lane)
+
+    async def _settle(self, lane: Lane, pid: int) -> None:
+        """`lane`'s settle footprint: resident memory once it stops growing, plus each card's delta."""
+        rss = await settle_rss(pid)
+        if rss is None or lane.proc is None or lane.proc.pid != pid:
+            return  # the engine went away meanwhile: nothing to measure
+        devices = {"CPU": rss}
+        before = self._gpu_before.pop(lane.model_id, {})
+        after = await asyncio.to_thread(gpu_used_now, self.hardware) if before else {}
+        devices.update({dev: max(0, after[dev] - used) for dev, used in before.items() if dev in after})
+        self.settled[lane.model_id] = Footprint(devices, "measured")
+        lane.ring.add(f"--- switchyard: settle footprint {fmt_devices(devices)} (used to plan residency)")
 
     async def ensure(self, model_id: str, *, entry: ModelEntry | None = None) -> Lane:
         """The lane for `model_id`, ready. Starts it (making room first) if needed. `entry`: the catalog's
@@ -249,6 +375,23 @@ class Supervisor:
 
     async def load(self, model_id: str) -> Lane:
         return await self.ensure(model_id)
+
+    async def restart(self, model_id: str, *, reason: str) -> Lane:
+        """Stop a loaded lane once its requests end (up to drain_timeout_s: LaneBusyError, left serving)
+        and start it again from the settings as they are now; a lane not loaded waits for its next use."""
+        lane = self.get_lane(model_id)
+        async with self._swap_lock:  # a start in progress finishes first; no other lane starts meanwhile
+            if lane.state not in (LaneState.READY, LaneState.STARTING):
+                return lane
+            async with lane.drained(wait_s=self.settings.drain_timeout_s) as idle:
+                if not idle:
+                    raise LaneBusyError(
+                        f"cannot restart {model_id!r} for new settings: it is still serving "
+                        f"{lane.in_flight} request(s); retry when they end (the settings are kept)"
+                    )
+                await lane.stop(reason=reason)
+            await lane.ensure_ready()
+        return lane
 
     async def unload(self, model_id: str) -> Lane:
         lane = self.get_lane(model_id)  # works even if the file has since vanished or broken
@@ -283,4 +426,27 @@ class Supervisor:
             lane.ttl_override = seconds
 
     def snapshot(self) -> list[dict[str, object]]:
-        return [lane.snapshot() for lane in self.lanes.values()]
+        return [{**lane.snapshot(), **self.residency_of(lane)} for lane in self.lanes.values()]
+
+    def residency_of(self, lane: Lane) -> dict[str, object]:
+        """What residency plans with, for ps, /api/lanes and the Lanes page: the footprint used (measured
+        or predicted), how the engine's context memory is known, its window and KV estimate."""
+        kind = self.kinds.get(lane.engine)
+        capacity = lane.plan.memory if lane.plan is not None else (kind.memory if kind else None)
+        fp = self.footprint_of(lane)
+        row: dict[str, object] = {"footprint": fp.public() if fp else None, "capacity": capacity}
+        if lane.engine == "mlx":
+            # MLX grows its cache as requests come: the trained window is the bound, no KV estimate
+            params = lane.plan.params if lane.plan is not None else None
+            window = getattr(params, "trained_context", None) if params else self._mlx_window(lane)
+            return {**row, "ctx": window or 0, "kv_estimate": None}
+        fit = lane.plan.fit if lane.plan is not None else None
+        ctx = getattr(lane.plan.params, "ctx_size", None) if lane.plan is not None else None
+        kv = sum(d.kv_cache for d in fit.chosen.devices) if fit is not None and fit.chosen else None
+        return {**row, "ctx": ctx, "kv_estimate": kv}
+
+    def _mlx_window(self, lane: Lane) -> int | None:
+        try:
+            return trained_context(self.catalog.get(lane.model_id).path)
+        except SwitchyardError:
+            return None

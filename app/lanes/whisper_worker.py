@@ -2,12 +2,15 @@
 
 `POST /v1/audio/transcriptions` and `/v1/audio/translations`, multipart: file (WAV at any rate; other
 formats through ffmpeg when installed), model, language, prompt, response_format (json, text, srt, vtt,
-verbose_json), temperature. One decode at a time: a whisper context is not safe to share between threads.
+verbose_json), temperature, stream (true: server-sent `transcript.text.delta` events, one per decoded
+segment, then `transcript.text.done`). One decode at a time: a whisper context is not safe to share
+between threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -62,10 +65,54 @@ def render(segments: list[Any], *, fmt: str, task: str, language: str, duration:
     )
 
 
+async def stream_segments(
+    request: web.Request, model: Any, lock: threading.Lock, samples: np.ndarray, kw: dict[str, Any]
+) -> web.StreamResponse:
+    """OpenAI's streamed transcription: a `transcript.text.delta` event per segment as whisper.cpp decodes
+    it, then `transcript.text.done`. A client that goes away aborts the decode at whisper's next check."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    gone = threading.Event()
+
+    def run() -> None:
+        try:
+            with lock:
+                log(f"decoding {samples.size / RATE:.2f} s of audio (streamed)")
+                model.transcribe(
+                    samples,
+                    new_segment_callback=lambda seg: loop.call_soon_threadsafe(queue.put_nowait, seg.text),
+                    abort_callback=gone.is_set,
+                    **kw,
+                )
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    decode = asyncio.ensure_future(asyncio.to_thread(run))
+    parts: list[str] = []
+    try:
+        while (text := await queue.get()) is not None:
+            delta = text if parts else text.lstrip()
+            parts.append(delta)
+            await _event(resp, {"type": "transcript.text.delta", "delta": delta})
+        await decode
+        usage = {"type": "duration", "seconds": round(samples.size / RATE, 3)}
+        done = {"type": "transcript.text.done", "text": "".join(parts).strip(), "usage": usage}
+        await _event(resp, done)
+    finally:
+        gone.set()
+    return resp
+
+
+async def _event(resp: web.StreamResponse, event: dict[str, Any]) -> None:
+    await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+
+
 def make_app(model: Any, params: WhisperParams) -> web.Application:
     lock = threading.Lock()
 
-    async def handle(request: web.Request, *, task: str) -> web.Response:
+    async def handle(request: web.Request, *, task: str) -> web.StreamResponse:
         if not request.content_type.startswith("multipart/"):
             return error(400, "send multipart/form-data with a `file` field (OpenAI's audio upload shape)")
         form = await request.post()
@@ -95,11 +142,17 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
         if samples.size == 0:
             return error(400, "the audio file holds no samples", param="file")
 
+        kw: dict[str, Any] = {"translate": task == "translate", "temperature": temperature}
+        kw["initial_prompt"] = prompt
+        kw["language"] = language or ("en" if task == "translate" else "auto")
+        if str(form.get("stream") or "").lower() == "true":
+            if task != "transcribe" or fmt not in ("json", "text"):
+                return error(400, "stream=true is for transcriptions in json or text format", param="stream")
+            return await stream_segments(request, model, lock, samples, kw)
+
         def run() -> list[Any]:
-            kw: dict[str, Any] = {"translate": task == "translate", "temperature": temperature}
-            kw["initial_prompt"] = prompt
-            kw["language"] = language or ("en" if task == "translate" else "auto")
             with lock:
+                log(f"decoding {samples.size / RATE:.2f} s of audio")  # one line per engine call
                 return list(model.transcribe(samples, **kw))
 
         segments = await asyncio.to_thread(run)
@@ -111,10 +164,10 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
             duration=samples.size / RATE,
         )
 
-    async def transcriptions(request: web.Request) -> web.Response:
+    async def transcriptions(request: web.Request) -> web.StreamResponse:
         return await handle(request, task="transcribe")
 
-    async def translations(request: web.Request) -> web.Response:
+    async def translations(request: web.Request) -> web.StreamResponse:
         return await handle(request, task="translate")
 
     app = web.Application(client_max_size=MAX_UPLOAD + (1 << 20))

@@ -90,6 +90,23 @@ class LlamaParams(JsonParams):
     embedding: bool
     pooling: str | None
     cache_ram_mib: int = 512
+    slot_save_path: str = ""  # the session bank's folder ("" : no slot save/restore)
+    mmproj_path: str = ""  # the vision projector loaded beside the weights ("": none)
+    mmproj_use_gpu: bool = False  # the projector on the GPU: only when the placement offloads layers
+    # speculative decoding (docs/engines.md#speculative-decoding): llama.cpp's type, lower case without
+    # its prefix ("ngram_mod", "draft_simple"; "": off); a negative knob keeps the engine's default
+    spec_type: str = ""
+    spec_n_max: int = -1
+    spec_n_min: int = -1
+    spec_p_min: float = -1.0
+    spec_size_n: int = -1
+    spec_size_m: int = -1
+    spec_min_hits: int = -1
+    spec_n_match: int = -1
+    draft_path: str = ""  # the draft model's GGUF, for "draft_simple"
+    draft_gpu_layers: int = -1
+    lora_paths: tuple[str, ...] = ()  # LoRA adapters loaded at start, each with its scale
+    lora_scales: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,29 @@ def _v2(db: sqlite3.Connection) -> None:
     )
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    # measured speeds (app/library/speeds.py): per model, lane and device, the median of recent answers
+    _run(
+        db,
+        """
+        CREATE TABLE speeds (
+            model_id TEXT NOT NULL,
+            lane TEXT NOT NULL,
+            device TEXT NOT NULL,
+            prompt_tps REAL,
+            gen_tps REAL NOT NULL,
+            bytes_per_token INTEGER,
+            samples INTEGER NOT NULL,
+            recent TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (model_id, lane, device)
+        );
+        """,
+    )
+
+
 # index i holds the step from version i to i + 1; append only, never edit a released step
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -76,6 +76,9 @@ class ModelEntry:
     files: tuple[FileInfo, ...] = ()
     origin: Origin | None = None
     quant: str | None = None  # Q4_K_M, ... from the file name (HF cache models), for `repo:QUANT`
+    mmproj: Path | None = None  # the vision projector paired with a GGUF text model (library/pairing.py)
+    # the draft model a start pairs for speculative decoding (set per start by the supervisor: drafts.py)
+    draft: Path | None = None
     # what the scan's detect_format found (non-GGUF entries; GGUFs carry `facts` from the header cache)
     detected: ModelFormat | None = field(default=None, compare=False, repr=False)
 
@@ -124,5 +127,7 @@ class ModelEntry:
             "location": str(self.location) if self.location else None,
             "size": self.size,
             "quant": self.quant,
+            "mmproj": str(self.mmproj) if self.mmproj else None,
+            "vision": self.mmproj is not None,
             "origin": self.origin.public() if self.origin else None,
         }

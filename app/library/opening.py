@@ -5,8 +5,9 @@ The Runtime, the CLI commands that run without a server and the advice functions
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from app.core.paths import Paths
 from app.core.settings import Settings
@@ -29,3 +30,15 @@ def open_catalog(
         notice(text)
     dirs = settings.models_dirs or (paths.models,)
     return library, Catalog(dirs, library=library, hf_cache=hub_config(settings).cache_dir)
+
+
+@contextlib.contextmanager
+def opened_catalog(
+    settings: Settings, paths: Paths, *, notice: Callable[[str], None] = warn_on_stderr
+) -> Iterator[tuple[Library, Catalog]]:
+    """`open_catalog` for a command's span: the library is closed when the block ends, however it ends."""
+    library, catalog = open_catalog(settings, paths, notice=notice)
+    try:
+        yield library, catalog
+    finally:
+        library.close()

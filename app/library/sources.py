@@ -4,7 +4,8 @@ Ids: in a models folder `DIR/tiny.gguf` is `tiny` and `DIR/org/repo/file.gguf` i
 multi-part GGUF (`m-00001-of-00003.gguf`) is one model named by its stem `m`; a non-GGUF model folder
 (safetensors, MLX, diffusers) is named by its folder. In the HF cache a GGUF is `org/repo/<file stem>`
 and a non-GGUF repository is `org/repo`. Only the snapshot `refs/main` points to is listed; the other
-snapshots of a repository are older revisions, kept as the origin's history.
+snapshots of a repository are older revisions, kept as the origin's history, except a gated update's
+new revision (refs/switchyard-candidate), listed as `<id>@candidate` while its eval decides.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from pathlib import Path
 from app.formats.detect import ModelFormat, ModelKind, detect_format
 from app.formats.gguf_layout import DIFFUSION_ARCHS
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, split_part
+from app.hub.cache_layout import CANDIDATE_REF
 from app.hub.quant import parse_quant
 from app.library.model import FileInfo, ModelEntry, Origin
+from app.library.pairing import pair_projector
 
 ReadGGUF = Callable[[Path], GGUFFacts | GGUFProblem]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# a gated update's new revision, listed beside the current one while its eval runs (docs/evals.md)
+CANDIDATE_SUFFIX = "@candidate"
 # what a non-GGUF model is for; GGUF kinds come from the header
 KIND_OF_FORMAT = {
     ModelKind.SAFETENSORS: "chat",
@@ -32,6 +37,10 @@ KIND_OF_FORMAT = {
     ModelKind.PIPER: "speech",
 }
 _FOLDER_MARKERS = ("config.json", "model_index.json")
+PROJECTOR_ALONE = (
+    "a vision projector (mmproj) loads with the text model it belongs to, not on its own; put it beside "
+    "that model or name it in model_overrides[<model>].mmproj"
+)
 
 
 def file_info(path: Path, location: Path, *, sha256: str | None = None) -> FileInfo | None:
@@ -63,7 +72,10 @@ def gguf_entry(
     location: Path,
     sha: Callable[[Path], str | None] = lambda _p: None,
     origin: Origin | None = None,
+    snapshot: Path | None = None,
 ) -> ModelEntry:
+    """A GGUF model's entry; a chat model gets the vision projector beside it (in `snapshot`, for a Hugging
+    Face snapshot) whose width matches."""
     _, parts, problem = gguf_parts(path)
     got = read(path)
     if _maybe_diffusion(got) and (fmt := detect_format(path)).kind is ModelKind.GGUF_DIFFUSION:
@@ -73,6 +85,8 @@ def gguf_entry(
     facts = got if isinstance(got, GGUFFacts) and problem is None else None
     if isinstance(got, GGUFProblem):
         problem = got.reason
+    elif got.architecture == "clip":  # a projector not named mmproj: never a chat model of its own
+        facts, problem = None, PROJECTOR_ALONE
     return ModelEntry(
         model_id,
         path,
@@ -84,7 +98,14 @@ def gguf_entry(
         files=files,
         origin=origin,
         quant=parse_quant(path.name),
+        mmproj=_paired(path, facts, snapshot),
     )
+
+
+def _paired(path: Path, facts: GGUFFacts | None, snapshot: Path | None) -> Path | None:
+    if facts is None or facts.is_embedding:
+        return None
+    return pair_projector(path, embedding_length=facts.embedding_length, snapshot=snapshot)
 
 
 def _maybe_diffusion(got: GGUFFacts | GGUFProblem) -> bool:
@@ -209,10 +230,26 @@ def scan_hf_cache(cache_dir: Path, *, read: ReadGGUF) -> list[ModelEntry]:
             history=tuple(r.commit_hash for r in revs if r is not current),
         )
         out.extend(_snapshot_models(repo.repo_id, current.snapshot_path, read=read, origin=origin))
+        candidate = next((r for r in revs if CANDIDATE_REF in r.refs and r is not current), None)
+        if candidate is not None:  # a gated update under evaluation: served as `<id>@candidate` only
+            staged = Origin(
+                repo=repo.repo_id,
+                revision=CANDIDATE_REF,
+                commit=candidate.commit_hash,
+                snapshot=str(candidate.snapshot_path),
+                history=(),
+            )
+            out.extend(
+                _snapshot_models(
+                    repo.repo_id, candidate.snapshot_path, read=read, origin=staged, suffix=CANDIDATE_SUFFIX
+                )
+            )
     return out
 
 
-def _snapshot_models(repo_id: str, snap: Path, *, read: ReadGGUF, origin: Origin) -> Iterable[ModelEntry]:
+def _snapshot_models(
+    repo_id: str, snap: Path, *, read: ReadGGUF, origin: Origin, suffix: str = ""
+) -> Iterable[ModelEntry]:
     ggufs = sorted(p for p in snap.rglob("*.gguf") if "mmproj" not in p.name.lower())
     for p in ggufs:
         split = split_part(p)
@@ -220,13 +257,22 @@ def _snapshot_models(repo_id: str, snap: Path, *, read: ReadGGUF, origin: Origin
             continue
         stem = split[0] if split else p.stem
         yield gguf_entry(
-            f"{repo_id}/{stem}", p, read=read, source="hf_cache", location=snap, sha=_blob_sha, origin=origin
+            f"{repo_id}/{stem}{suffix}",
+            p,
+            read=read,
+            source="hf_cache",
+            location=snap,
+            sha=_blob_sha,
+            origin=origin,
+            snapshot=snap,
         )
     if ggufs:
         return
     fmt = detect_format(snap)
     if fmt.kind not in (ModelKind.UNKNOWN, ModelKind.MMPROJ, ModelKind.GGUF):
-        yield other_entry(repo_id, fmt, source="hf_cache", location=snap, sha=_blob_sha, origin=origin)
+        yield other_entry(
+            f"{repo_id}{suffix}", fmt, source="hf_cache", location=snap, sha=_blob_sha, origin=origin
+        )
 
 
 def import_entry(model_id: str, location: Path, path: Path, *, source: str, read: ReadGGUF) -> ModelEntry:

@@ -45,7 +45,8 @@ _RUNS = {
 }
 
 _INSTALL = {
-    LLAMA_CPP: "`pip install xllamacpp`, or put llama-server on PATH",
+    LLAMA_CPP: "`pip install xllamacpp`, put llama-server on PATH, or set runtime bin and run `switchyard "
+    "serve --pull-only` (the prebuilt llama.cpp release for this machine's GPU)",
     MISTRAL_RS: "`pip install mistralrs` (mistralrs-cuda or mistralrs-metal for a GPU)",
     MLX: "`switchyard engine install mlx` (or `pip install mlx-lm`; on Linux `pip install mlx[cpu] mlx-lm`)",
     VLLM: "`switchyard engine install vllm` or `pip install vllm` (Linux with an NVIDIA GPU)",
@@ -55,6 +56,22 @@ _INSTALL = {
     WHISPER_CPP: "`switchyard engine install whisper.cpp` (or `pip install pywhispercpp`)",
     PIPER: "`switchyard engine install piper` (or `pip install piper-tts`)",
 }
+
+
+# the engine builds (app/hardware/build_choice.py) as people read them
+_BUILDS = {
+    "cpu": "CPU",
+    "cuda12": "CUDA 12",
+    "cuda13": "CUDA 13",
+    "rocm": "ROCm",
+    "vulkan": "Vulkan",
+    "metal": "Metal",
+}
+
+
+def build_title(build: str | None) -> str:
+    """ "CUDA 13 build"; "build unknown" for a binary whose build Switchyard cannot tell."""
+    return f"{_BUILDS.get(build, build)} build" if build else "build unknown"
 
 
 def title(lane: str) -> str:

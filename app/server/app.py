@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from app.core import tracing
 from app.core.errors import PortInUseError, SettingsError
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
@@ -27,17 +28,23 @@ from app.server import (
     routes_admin,
     routes_anthropic,
     routes_audio,
+    routes_audit,
+    routes_bank,
     routes_downloads,
     routes_engines,
+    routes_evals,
     routes_hub,
     routes_images,
+    routes_jobs,
     routes_library,
     routes_ollama,
     routes_ollama_manage,
     routes_openai,
+    routes_realtime,
     routes_remotes,
     routes_rerank,
     routes_responses,
+    routes_settings,
     tls,
 )
 from app.server.gateway import Gateway
@@ -63,6 +70,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app = web.Application(
         middlewares=[
             metrics.middleware(stats, runtime.bus),  # outermost: counts every answer, refusals too
+            middleware.traced,  # one server span per request (docs/tracing.md); nothing while tracing is off
             middleware.access_log,
             middleware.errors,
             middleware.host_guard(allowed_hosts(runtime.settings), origins=origins),
@@ -82,16 +90,27 @@ def make_app(runtime: Runtime) -> web.Application:
         async with runtime:
             yield
 
+    async def tracing_ctx(_: web.Application) -> AsyncIterator[None]:
+        async with tracing.exporting(runtime.settings.tracing_otlp_endpoint):
+            yield
+
+    app.cleanup_ctx.append(tracing_ctx)
     app.cleanup_ctx.append(runtime_ctx)
     app.cleanup_ctx.append(metrics.download_counter(stats, runtime.bus))
     app.add_routes(routes_admin.routes)
+    app.add_routes(routes_settings.routes)
     app.add_routes(routes_downloads.routes)
     app.add_routes(routes_engines.routes)
     routes_hub.setup(app)
     app.add_routes(routes_library.routes)
     app.add_routes(routes_remotes.routes)
+    app.add_routes(routes_bank.routes)
+    app.add_routes(routes_evals.routes)
+    app.add_routes(routes_audit.routes)
+    routes_jobs.setup(app)  # jobs, update checks, webhooks: started after the Runtime, stopped before it
     app.add_routes(routes_openai.routes)
     app.add_routes(routes_audio.routes)
+    routes_realtime.setup(app)
     app.add_routes(routes_images.routes)
     app.add_routes(routes_rerank.routes)
     app.add_routes(routes_responses.routes)

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from app.chat.deltas import Delta, StreamReader, StreamRefusal
+from app.core import tracing
 from app.core.errors import (
     BadRequestError,
     ContextLengthExceededError,
@@ -31,11 +33,23 @@ from app.core.errors import (
     SwitchyardError,
     UpstreamRefusedError,
 )
-from app.lanes.lane import LaneState
+from app.lanes.bank import MIB
+from app.lanes.bank_slots import SessionBank
+from app.lanes.lane import Lane, LaneState
 from app.lanes.remote import RemoteLane
+from app.lanes.request_defaults import (
+    adapter_ids,
+    max_output,
+    split_adapter_id,
+    with_adapter,
+    with_max_output,
+)
 from app.lanes.target import Target
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
+from app.server.images import check_image_tokens, image_parts, tokens_per_image
+from app.server.model_limits import PlannedSlots
+from app.server.prompt_window import check_window
 from app.server.raw_http import RawUpstream, open_post, read_all
 from app.server.whole import WholeAnswer, stream_body
 
@@ -66,9 +80,24 @@ class Gateway:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        budget = rt.settings.session_bank_budget_mib * MIB
+        self.bank = SessionBank(rt.paths.home, budget_bytes=budget, known_sha256=self._model_sha256)
+        self.planned = PlannedSlots(rt)  # per-slot contexts for /v1/models and /api/show (kept plans)
+
+    def _model_sha256(self, model: str) -> str | None:
+        """The catalog's sha256 of a one-file model (an HF cache blob is named by it), else None."""
+        entry = self.rt.catalog.find(model)
+        return entry.files[0].sha256 if entry is not None and len(entry.files) == 1 else None
 
     # ---- resolve -------------------------------------------------------------------------------------
     async def resolve(self, model: str, capability: str) -> Route:
+        """`_resolve` in a span (docs/tracing.md)."""
+        with tracing.span("switchyard.resolve", model=model, capability=capability) as sp:
+            to = await self._resolve(model, capability)
+            sp.set_attribute("switchyard.remote", to.remote is not None)
+            return to
+
+    async def _resolve(self, model: str, capability: str) -> Route:
         """Where `model` goes, refused (400/404) when it cannot do `capability` there. A local model of the
         same id always wins over a remote's NAME/MODEL. An unknown name's rescan runs off the event loop."""
         rt = self.rt
@@ -76,6 +105,8 @@ class Gateway:
             if (missing := remote.capability_error(capability)) is not None:
                 raise missing
             return Route(remote.model_id, None, remote)
+        if (base := self._adapter_base(model)) is not None:
+            model = base  # BASE+ADAPTER: the base's lane, the adapter applied per request (pin_slot)
         entry = await rt.catalog.aget(model)
         if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
             wanted = "embedding" if capability == "embeddings" else "chat"
@@ -84,6 +115,14 @@ class Gateway:
         if (missing_local := rt.supervisor.capability_error(entry, capability)) is not None:
             raise missing_local  # a voice asked for chat, a transcriber for embeddings: name who can
         return Route(entry.id, entry, None)
+
+    def _adapter_base(self, model: str) -> str | None:
+        """The base id of a `BASE+ADAPTER` id whose base loads that adapter, else None; a catalog model of
+        that very id wins."""
+        split = split_adapter_id(model)
+        if split is None or self.rt.catalog.find(model) is not None:
+            return None
+        return split[0] if model in adapter_ids(split[0], self.rt.settings) else None
 
     def remote_for(self, model: str) -> RemoteLane | None:
         """The remote lane `model` names (`NAME/MODEL`), or None: a local model of the same id always wins."""
@@ -99,6 +138,11 @@ class Gateway:
         return not self.rt.supervisor.lane_for(route.entry).available
 
     async def wait_ready(self, route: Route, *, tick: Tick) -> None:
+        """`_wait_ready` in a span: the wait for a lane's start that a stream hears about."""
+        with tracing.span("switchyard.wait_lane", model=route.model, start=True):
+            await self._wait_ready(route, tick=tick)
+
+    async def _wait_ready(self, route: Route, *, tick: Tick) -> None:
         """Start `route`'s lane, calling `tick(phase, seconds)` at once and every LOADING_TICK_S until it is
         ready. Raises the start's error; a tick that raises (the client went away) ends the wait while the
         start goes on for the next request."""
@@ -121,11 +165,38 @@ class Gateway:
     async def hold(self, route: Route) -> AsyncIterator[Target]:
         """Hold the target for one request (a local lane started just in time), counted as in flight."""
         if route.remote is not None:
-            async with self.rt.remotes.use(route.remote) as remote:
+            async with _waited(route, self.rt.remotes.use(route.remote)) as remote:
                 yield remote
         else:
-            async with self.rt.supervisor.use(route.model, entry=route.entry) as lane:
-                yield lane
+            async with _waited(route, self.rt.supervisor.use(route.model, entry=route.entry)) as lane:
+                if self.bank.banks(lane):  # its slots are saved before it stops (swap, idle, shutdown)
+                    lane.before_stop = functools.partial(self.bank.save_slots, http=self.rt.supervisor.http)
+                try:
+                    yield lane
+                finally:
+                    self.bank.release()
+
+    async def pin_slot(self, target: Target, body: dict[str, Any], *, route: str) -> dict[str, Any] | None:
+        """The one slot choice for every surface: `body` with the llama.cpp slot it goes to (a banked
+        conversation restored there first, app/lanes/bank_slots.py) and what the lane fills in that the
+        client left open (app/lanes/request_defaults.py), or None to send it as it is."""
+        if not isinstance(target, Lane):
+            return None
+        shaped = self._lane_defaults(target, body, route=route)
+        slotted = await self.bank.route(target, shaped or body, route=route, http=self.rt.supervisor.http)
+        return slotted or shaped
+
+    def _lane_defaults(self, lane: Lane, body: dict[str, Any], *, route: str) -> dict[str, Any] | None:
+        """The output cap for a request that names none, and the LoRA scales of a `BASE+ADAPTER` id."""
+        ctx = lane.slot_context()
+        if route not in ("chat", "completions") or ctx is None or lane.plan is None:
+            return None
+        limit = max_output(lane.model_id, self.rt.settings, slot_ctx=ctx[0])
+        out = with_max_output(body, limit=limit) or body
+        params = lane.plan.params  # a llama.cpp plan's LlamaParams (slot_context said so)
+        paths, scales = getattr(params, "lora_paths", ()), getattr(params, "lora_scales", ())
+        out = with_adapter(out, model_id=lane.model_id, paths=paths, scales=scales) or out
+        return out if out is not body else None
 
     def http(self, target: Target) -> aiohttp.ClientSession:
         return self.rt.remotes.http if isinstance(target, RemoteLane) else self.rt.supervisor.http
@@ -148,12 +219,28 @@ class Gateway:
                 "loaded; send text only, or use a vision model",
                 param=param or ("messages" if route == "chat" else "prompt"),
             )
+        images = 0
+        if has_images and (ctx := target.slot_context()) is not None:  # they alone may fill the context
+            where = param or "messages"
+            n_images, per = len(image_parts(body)), tokens_per_image(target)
+            images = check_image_tokens(n_images, per, slot=ctx[0], model=target.model_id, where=where)
         if route in ("chat", "completions") and self.rt.settings.check_prompt_length:
-            await self._check_prompt(target, body, route=route, body_bytes=body_bytes, param=param)
+            await self._check_prompt(
+                target, body, route=route, body_bytes=body_bytes, param=param, images=images
+            )
+            await check_window(target, body, route=route, settings=self.rt.settings, param=param)
 
     async def _check_prompt(
-        self, target: Target, body: dict[str, Any], *, route: str, body_bytes: int, param: str | None
+        self,
+        target: Target,
+        body: dict[str, Any],
+        *,
+        route: str,
+        body_bytes: int,
+        param: str | None,
+        images: int = 0,
     ) -> None:
+        """`images`: the tokens the request's images take, which the engine's tokenizer does not see."""
         ctx = target.slot_context()
         if ctx is None:
             return
@@ -168,10 +255,10 @@ class Gateway:
                 if (least := len(text.encode()) // MAX_BYTES_PER_TOKEN) >= slot:
                     raise _too_long(target, least, ctx, at_least=True, param=param, route=route)
                 # one call: the texts alone, tokenized; only a prompt near the limit is counted exactly
-                bound = await self._tokens(target, text)
+                bound = await self._tokens(target, text) + images
                 if bound + TEMPLATE_ALLOWANCE + PER_MESSAGE_ALLOWANCE * n_msgs < slot:
                     return
-                n: int | None = await self.count_prompt(target, body)
+                n: int | None = await self.count_prompt(target, body) + images
             else:
                 if (least := _least_tokens(body.get("prompt"))) >= slot:
                     raise _too_long(target, least, ctx, at_least=True, param=param, route=route)
@@ -266,11 +353,28 @@ class Gateway:
         stream: bool = False,
         content_type: str = "application/json",
     ) -> aiohttp.ClientResponse:
+        """`_post` in a client span, until the answer's head (the stream has its own span)."""
+        with _engine_span(target, path) as sp:
+            upstream = await self._post(target, path, body, stream=stream, content_type=content_type)
+            sp.set_attribute("http.response.status_code", upstream.status)
+            return upstream
+
+    async def _post(
+        self,
+        target: Target,
+        path: str,
+        body: bytes | dict[str, Any],
+        *,
+        stream: bool = False,
+        content_type: str = "application/json",
+    ) -> aiohttp.ClientResponse:
         """The one POST to a target. A dict body is sent as JSON with the target's name for the model; bytes
         go as they are (the caller renamed them if it had to). An error status is raised as the target's
         refusal (the answer read and closed); the caller closes a successful answer when done with it."""
         data = json.dumps({**body, "model": target.served_name}).encode() if isinstance(body, dict) else body
         headers = {"Content-Type": content_type, **target.auth_headers()}
+        if isinstance(target, RemoteLane):
+            tracing.inject(headers)  # the client's trace goes on to the remote (its traceparent)
         if stream:
             # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
             # for close keeps that socket out of the pool, where the next request would find it dead
@@ -316,6 +420,12 @@ class Gateway:
     async def open_stream(self, target: Target, path: str, body: bytes) -> RawUpstream:
         """The streamed POST for the byte relay: the same headers and the same error mapping as `post`,
         on a connection of its own (an engine closes a streamed connection anyway)."""
+        with _engine_span(target, path) as sp:
+            proto = await self._open_stream(target, path, body)
+            sp.set_attribute("http.response.status_code", proto.head.result()[0])
+            return proto
+
+    async def _open_stream(self, target: Target, path: str, body: bytes) -> RawUpstream:
         headers = {"Content-Type": "application/json", **target.auth_headers()}
         try:
             proto = await target.bounded(
@@ -404,6 +514,24 @@ class Gateway:
         except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError) as exc:
             await asyncio.sleep(0.05)
             raise target.broken(exc) from exc
+
+
+_T = TypeVar("_T", bound=Target)
+
+
+@contextlib.asynccontextmanager
+async def _waited(route: Route, use: contextlib.AbstractAsyncContextManager[_T]) -> AsyncIterator[_T]:
+    """`use` entered in a span: the wait for the lane (its start, a swap, a remote's request slot)."""
+    async with contextlib.AsyncExitStack() as stack:
+        with tracing.span("switchyard.wait_lane", model=route.model) as sp:
+            target = await stack.enter_async_context(use)
+            sp.set_attribute("switchyard.lane", target.engine)
+        yield target
+
+
+def _engine_span(target: Target, path: str) -> contextlib.AbstractContextManager[tracing.SpanLike]:
+    name = "switchyard.engine"
+    return tracing.span(name, kind="client", model=target.model_id, lane=target.engine, path=path)
 
 
 def _chat_text(body: dict[str, Any]) -> str:

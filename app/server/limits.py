@@ -7,7 +7,9 @@ Retry-After), and a body that has not fully arrived within `body_timeout_s` (408
 request heads that never complete are closed by aiohttp itself after `idle_timeout_s` (see `serve`).
 
 Refusals are in the shape of the route's API surface (app/server/surface.py). The prompt-length check
-is the gateway's (app/server/gateway.py: `Gateway.check`).
+is the gateway's (app/server/gateway.py: `Gateway.check`); for MLX lanes, which size their cache as
+requests come, it calls `check_window` (app/server/prompt_window.py): the prompt counted with the
+model's own tokenizer.json against the trained window.
 """
 
 from __future__ import annotations

@@ -23,9 +23,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from app import __version__
+from app.core.background import running
 from app.core.events import Event, EventBus
+from app.lanes.bank_slots import BankCounters
 from app.lanes.lane import Lane, LaneState
-from app.server.keys import RUNTIME
+from app.server.keys import GATEWAY, RUNTIME
 from app.server.request_keys import CLIENT, MODEL
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,6 +39,8 @@ CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answe
 # set by the handlers, read by the middleware once the request is done
 FIRST_BYTE: web.RequestKey[float] = web.RequestKey("first_byte_at", float)
 USAGE: web.RequestKey[tuple[int, int]] = web.RequestKey("usage", tuple)
+# (drafted, accepted) tokens of speculative decoding, from llama.cpp's `timings` (absent: nothing drafted)
+DRAFTS: web.RequestKey[tuple[int, int]] = web.RequestKey("drafts", tuple)
 # set by a stream once every byte is written: a client that leaves while the handler is still closing
 # (it read the last event and hung up) cancels the handler, and that is a completed answer, not a 499
 SENT_STATUS: web.RequestKey[int] = web.RequestKey("sent_status", int)
@@ -70,8 +74,12 @@ class Metrics:
         self.ttfb: dict[_Labels, Histogram] = {}  # route, model
         self.tokens_in: dict[_Labels, int] = {}  # model, client
         self.tokens_out: dict[_Labels, int] = {}  # model, client
+        self.drafted: dict[_Labels, int] = {}  # model
+        self.accepted: dict[_Labels, int] = {}  # model
         self.in_flight = 0
         self.download_bytes: dict[_Labels, int] = {}  # repo
+        self.verdicts: dict[_Labels, int] = {}  # stage, judge, verdict, blocked (app/server/safety_gate.py)
+        self.judge_failures: dict[_Labels, int] = {}  # judge
         self.started = time.time()
 
     def record(
@@ -101,9 +109,21 @@ class Metrics:
             tk = (model, client)
             self.tokens_in[tk] = self.tokens_in.get(tk, 0) + usage[0]
             self.tokens_out[tk] = self.tokens_out.get(tk, 0) + usage[1]
+        if (drafts := request.get(DRAFTS)) is not None:
+            self.drafted[(model,)] = self.drafted.get((model,), 0) + drafts[0]
+            self.accepted[(model,)] = self.accepted.get((model,), 0) + drafts[1]
         if status >= 400:
             ek = (route, model, str(status), error_code(resp), client)
             self.errors[ek] = self.errors.get(ek, 0) + 1
+
+    def count_verdict(
+        self, *, stage: str, judge: str, verdict: str, blocked: bool, failed: list[str]
+    ) -> None:
+        """One safety judgement: its verdict ("error": no judge answered) and each judge that failed."""
+        key = (stage, judge, verdict, "true" if blocked else "false")
+        self.verdicts[key] = self.verdicts.get(key, 0) + 1
+        for name in failed:
+            self.judge_failures[(name,)] = self.judge_failures.get((name,), 0) + 1
 
     def count_download(self, event: Event) -> None:
         """Add a `download.progress` event's `delta` (bytes since the previous one) under its repo."""
@@ -171,6 +191,20 @@ class Metrics:
             "Generated tokens, as the engine reported them.",
             {tok_labels: self.tokens_out},
         )
+        _family(
+            out,
+            "switchyard_draft_tokens_total",
+            "counter",
+            "Speculative decoding: tokens drafted (n-gram or draft model), as llama.cpp reported them.",
+            {("model",): self.drafted},
+        )
+        _family(
+            out,
+            "switchyard_draft_accepted_tokens_total",
+            "counter",
+            "Speculative decoding: drafted tokens the model accepted.",
+            {("model",): self.accepted},
+        )
         lanes = list(lanes)
         states = {(ln.model_id, str(s)): int(ln.state is s) for ln in lanes for s in LaneState}
         _family(
@@ -200,6 +234,21 @@ class Metrics:
             "counter",
             "Bytes of model files downloaded, per Hugging Face repo (resumed parts count once).",
             {("repo",): self.download_bytes},
+        )
+        _family(
+            out,
+            "switchyard_safety_verdicts_total",
+            "counter",
+            "Safety judgements (docs/safety.md): verdict safe, controversial, unsafe, or error (no judge "
+            "answered); blocked when the policy refused the text.",
+            {("stage", "judge", "verdict", "blocked"): self.verdicts},
+        )
+        _family(
+            out,
+            "switchyard_safety_judge_failures_total",
+            "counter",
+            "Safety judge calls that gave no verdict (unknown model, lane failure, timeout, unreadable).",
+            {("judge",): self.judge_failures},
         )
         return "\n".join(out) + "\n"
 
@@ -246,6 +295,24 @@ def _family(
             out.append(f"{name}{_labels(names, labels)} {_num(values[labels])}")
 
 
+def bank_text(c: BankCounters) -> str:
+    """The session bank's counters (app/lanes/bank_slots.py) since the server started."""
+    out: list[str] = []
+    for name, help_, value in (
+        ("saves", "Slots saved into the session bank.", c.saves),
+        ("restores", "Checkpoints restored from the session bank into a slot.", c.restores),
+        ("hits", "Requests whose messages extended a banked conversation.", c.hits),
+        ("misses", "Returning conversations the bank had no usable checkpoint for.", c.misses),
+        ("dropped", "Checkpoints dropped (superseded, over the budget).", c.dropped),
+        ("saved_bytes", "Bytes of slot files saved.", c.saved_bytes),
+        ("restored_bytes", "Bytes of slot files restored.", c.restored_bytes),
+        ("restore_seconds", "Seconds spent restoring checkpoints.", c.restore_seconds),
+        ("save_seconds", "Seconds spent saving slots.", c.save_seconds),
+    ):
+        _family(out, f"switchyard_session_bank_{name}_total", "counter", help_, {(): {(): value}})
+    return "\n".join(out) + "\n"
+
+
 def _histograms(out: list[str], name: str, help_: str, series: dict[_Labels, Histogram]) -> None:
     out.append(f"# HELP {name} {help_}")
     out.append(f"# TYPE {name} histogram")
@@ -280,6 +347,27 @@ def usage_from(data: bytes) -> tuple[int, int] | None:
             cached = t.get("cache_n", 0)
             return t["prompt_n"] + (cached if isinstance(cached, int) else 0), t["predicted_n"]
     return None
+
+
+def note_usage(request: web.Request, data: bytes) -> None:
+    """Record an answer's token usage and speculative drafts (its last bytes suffice) for /metrics."""
+    if (usage := usage_from(data)) is not None:
+        request[USAGE] = usage
+    if (drafts := drafts_from(data)) is not None:
+        request[DRAFTS] = drafts
+    if (rt := request.app.get(RUNTIME)) is not None:  # measured speed, written off the loop
+        rt.speeds.note(request.get(MODEL), data)
+
+
+def drafts_from(data: bytes) -> tuple[int, int] | None:
+    """(drafted, accepted) from llama.cpp's `timings`; None when it drafted nothing (it then leaves
+    `draft_n` out) or the answer has no timings."""
+    at = data.rfind(b'"timings":')
+    t = _object_at(data, at + 10) if at >= 0 else None
+    drafted, accepted = (t.get("draft_n"), t.get("draft_n_accepted")) if t is not None else (None, None)
+    if not isinstance(drafted, int) or isinstance(drafted, bool):
+        return None
+    return drafted, accepted if isinstance(accepted, int) and not isinstance(accepted, bool) else 0
 
 
 _DECODER = json.JSONDecoder()
@@ -319,6 +407,31 @@ def request_event(request: web.Request, *, status: int, seconds: float) -> dict[
     return data
 
 
+class Outcome:
+    """What a handler came to: its response, and the status it ended with (500 until known)."""
+
+    __slots__ = ("resp", "status")
+
+    def __init__(self) -> None:
+        self.status = 500
+        self.resp: web.StreamResponse | None = None
+
+
+async def handled(request: web.Request, handler: Handler, out: Outcome) -> web.StreamResponse:
+    """`handler(request)`, noting in `out` the status it ended with: its answer's, an HTTP exception's,
+    or, when the client hung up, 499 (or the status of a stream it had read whole)."""
+    try:
+        out.resp = await handler(request)
+        out.status = out.resp.status
+        return out.resp
+    except web.HTTPException as exc:
+        out.status = exc.status
+        raise
+    except asyncio.CancelledError:
+        out.status = request.get(SENT_STATUS, CLIENT_CLOSED)
+        raise
+
+
 def middleware(metrics: Metrics, bus: EventBus | None = None) -> Middleware:
     """Outermost: counts every answer, the refused ones included, and (given `bus`) publishes each one
     as a `request.done` event for /api/events."""
@@ -327,23 +440,14 @@ def middleware(metrics: Metrics, bus: EventBus | None = None) -> Middleware:
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         t0 = time.perf_counter()
         metrics.in_flight += 1
-        status = 500
-        resp: web.StreamResponse | None = None
+        out = Outcome()
         try:
-            resp = await handler(request)
-            status = resp.status
-            return resp
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:
-            status = request.get(SENT_STATUS, CLIENT_CLOSED)
-            raise
+            return await handled(request, handler, out)
         finally:
             metrics.in_flight -= 1
             seconds = time.perf_counter() - t0
-            metrics.record(request, status=status, seconds=seconds, t0=t0, resp=resp)
-            if bus is not None and (data := request_event(request, status=status, seconds=seconds)):
+            metrics.record(request, status=out.status, seconds=seconds, t0=t0, resp=out.resp)
+            if bus is not None and (data := request_event(request, status=out.status, seconds=seconds)):
                 bus.publish(REQUEST_DONE, **data)
 
     return record
@@ -365,13 +469,8 @@ def download_counter(
                 while True:
                     stats.count_download(await queue.get())
 
-            task = asyncio.create_task(drain(), name="metrics-downloads")
-            try:
+            async with running(drain(), name="metrics-downloads"):
                 yield
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
     return ctx
 
@@ -387,5 +486,5 @@ async def scrape(request: web.Request) -> web.Response:
     Requests, errors, durations and time to first byte per route and model, tokens per model and
     client, and the state, restarts and in-flight requests of every lane (read at scrape time)."""
     lanes = request.app[RUNTIME].supervisor.lanes.values()
-    text = request.app[METRICS].render(lanes)
+    text = request.app[METRICS].render(lanes) + bank_text(request.app[GATEWAY].bank.counters)
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import time
@@ -13,8 +12,9 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from app.core import tracing
 from app.core.errors import BadRequestError, RequestTooLargeError, SwitchyardError
-from app.server.metrics import CLIENT_CLOSED, SENT_STATUS
+from app.server.metrics import Outcome, handled
 from app.server.request_keys import CLIENT, MODEL
 from app.server.surface import surface_of
 
@@ -102,24 +102,37 @@ def client_fault(exc: Exception) -> BadRequestError | None:
 @web.middleware
 async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
     t0 = time.perf_counter()
-    status = 500
+    out = Outcome()  # a client that hung up is logged 499, as /metrics counts it
     try:
-        resp = await handler(request)
-        status = resp.status
-        return resp
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    except asyncio.CancelledError:
-        # the client hung up: 499, as /metrics counts it (or the status of a stream it had read whole)
-        status = request.get(SENT_STATUS, CLIENT_CLOSED)
-        raise
+        return await handled(request, handler, out)
     finally:
         ms = (time.perf_counter() - t0) * 1000
         model = request.get(MODEL, "-")
         client = request.get(CLIENT, "-")
         line = "%s %s model=%s status=%s %.1fms client=%s"
-        log.info(line, request.method, request.path, model, status, ms, client)
+        log.info(line, request.method, request.path, model, out.status, ms, client)
+
+
+@web.middleware
+async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One server span per request (docs/tracing.md), continuing the client's `traceparent`; the route
+    pattern names it, never the raw path. Nothing at all while tracing is off."""
+    if not tracing.enabled():
+        return await handler(request)
+    info = request.match_info
+    route = info.route.resource.canonical if info.route.resource is not None else "(no route)"
+    with tracing.server_span(f"{request.method} {route}", headers=request.headers) as sp:
+        sp.set_attribute("http.request.method", request.method)
+        sp.set_attribute("http.route", route)
+        out = Outcome()
+        try:
+            return await handled(request, handler, out)
+        finally:
+            sp.set_attribute("http.response.status_code", out.status)
+            if (model := request.get(MODEL)) is not None:
+                sp.set_attribute("switchyard.model", model)
+            if out.status >= 500:
+                tracing.fail(sp, f"HTTP {out.status}")
 
 
 def normalize_origin(origin: str) -> str:

@@ -43,6 +43,7 @@ _TAGS = {
     "routes_hub": "Hub",
     "routes_downloads": "Downloads",
     "routes_engines": "Engines",
+    "routes_evals": "Evals",
     "auth": "Admin",
     "metrics": "Observability",
     "openapi": "Observability",

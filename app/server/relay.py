@@ -11,17 +11,21 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
 
 from app.chat.deltas import StreamReader, StreamRefusal
+from app.core import tracing
 from app.core.errors import SwitchyardError
 from app.lanes.target import Target
-from app.server.metrics import FIRST_BYTE, SENT_STATUS, USAGE, usage_from
+from app.server.metrics import FIRST_BYTE, SENT_STATUS, note_usage
 from app.server.raw_http import ChunkFrames, ChunkPayload, RawUpstream
 from app.server.translation import Translation
 
@@ -29,6 +33,32 @@ log = logging.getLogger("switchyard.relay")
 _DONE = b"data: [DONE]\n\n"
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 _RESETS = (ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+U = TypeVar("U")
+
+
+class StreamEdit(Protocol):
+    """What rewrites a relayed stream on its way (app/server/tool_recovery.py StreamRecovery)."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def close(self) -> bytes: ...
+
+
+def _stream_span(
+    fn: Callable[Concatenate[web.Request, U, Target, P], Awaitable[R]],
+) -> Callable[Concatenate[web.Request, U, Target, P], Awaitable[R]]:
+    """The relay in a `switchyard.stream` span (docs/tracing.md), from the first byte to the last."""
+
+    @functools.wraps(fn)
+    async def traced(request: web.Request, up: U, target: Target, /, *a: P.args, **kw: P.kwargs) -> R:
+        with tracing.span("switchyard.stream", model=target.model_id, lane=target.engine):
+            return await fn(request, up, target, *a, **kw)
+
+    return traced
 
 
 def keep_header(name: str) -> bool:
@@ -40,18 +70,21 @@ def keep_header(name: str) -> bool:
 
 def _mark_sent(request: web.Request, resp: web.StreamResponse, tail: bytes) -> None:
     """Record a stream as answered in full, with the usage its last events carry (for /metrics)."""
-    if (usage := usage_from(tail)) is not None:
-        request[USAGE] = usage
+    note_usage(request, tail)
     request[SENT_STATUS] = resp.status
 
 
+@_stream_span
 async def relay(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     target: Target,
     resp: web.StreamResponse | None = None,
+    *,
+    edit: StreamEdit | None = None,
 ) -> web.StreamResponse:
-    """Relay `upstream`'s event stream to the client (through `resp` when it is prepared already)."""
+    """Relay `upstream`'s event stream to the client (through `resp` when it is prepared already), through
+    `edit` when one is given (the events rewritten: lost tool calls recovered)."""
     try:
         if resp is None:
             resp = web.StreamResponse(status=upstream.status)
@@ -59,6 +92,8 @@ async def relay(
             resp.headers["Cache-Control"] = "no-cache"
             resp.headers["X-Accel-Buffering"] = "no"
             await resp.prepare(request)
+        if edit is not None:
+            return await _pump_edited(request, upstream, target, resp, edit)
         return await _pump(request, upstream, target, resp)
     finally:
         upstream.close()  # closing (not releasing) an unfinished answer drops the socket: the engine stops
@@ -87,19 +122,53 @@ async def _pump(
         log.info("client went away mid-stream; closing the upstream request")
         return resp
     except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError, SwitchyardError) as exc:
-        if not isinstance(exc, SwitchyardError):
-            await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
-        err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
-        try:
-            await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
-        except _RESETS:
-            pass
-        return resp
+        return await _failed(resp, target, exc)
     _mark_sent(request, resp, prev + last)
     try:
         await resp.write_eof()
     except _RESETS:
         pass
+    return resp
+
+
+async def _pump_edited(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    target: Target,
+    resp: web.StreamResponse,
+    edit: StreamEdit,
+) -> web.StreamResponse:
+    """`_pump` with every piece through `edit` (a slower path: only streams that need the rewrite)."""
+    tail = b""
+    try:
+        while True:
+            chunk = await target.bounded(upstream.content.readany())
+            out = edit.feed(chunk) if chunk else edit.close()
+            if out:
+                await resp.write(out)
+                request.setdefault(FIRST_BYTE, time.perf_counter())
+                tail = (tail + out)[-8192:]  # the usage is in the last events
+            if not chunk:
+                break
+    except _RESETS:
+        log.info("client went away mid-stream; closing the upstream request")
+        return resp
+    except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError, SwitchyardError) as exc:
+        return await _failed(resp, target, exc)
+    _mark_sent(request, resp, tail)
+    with contextlib.suppress(*_RESETS):
+        await resp.write_eof()
+    return resp
+
+
+async def _failed(resp: web.StreamResponse, target: Target, exc: BaseException) -> web.StreamResponse:
+    """End a stream whose upstream broke (or refused) mid-way with an error event naming the target."""
+    if not isinstance(exc, SwitchyardError):
+        await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
+    err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
+    tracing.fail_current(err.message)
+    with contextlib.suppress(*_RESETS):
+        await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
     return resp
 
 
@@ -191,6 +260,7 @@ class _Pump(_PumpBase):
             self._end(None)
 
 
+@_stream_span
 async def relay_raw(
     request: web.Request, proto: RawUpstream, target: Target, resp: web.StreamResponse | None = None
 ) -> web.StreamResponse:
@@ -219,12 +289,7 @@ async def relay_raw(
             log.info("client went away mid-stream; closing the upstream request")
             return resp
         except (OSError, SwitchyardError) as exc:
-            if not isinstance(exc, SwitchyardError):
-                await asyncio.sleep(0.05)  # let a local lane see its engine's exit, so the error names it
-            err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
-            with contextlib.suppress(*_RESETS):
-                await resp.write(f"data: {json.dumps(err.envelope())}\n\n".encode())
-            return resp
+            return await _failed(resp, target, exc)
         _mark_sent(request, resp, pump.prev + pump.last)
         with contextlib.suppress(*_RESETS):
             await resp.write_eof()
@@ -281,6 +346,7 @@ class _TranslatePump(_PumpBase):
             self._end(None)
 
 
+@_stream_span
 async def translate_raw(request: web.Request, proto: RawUpstream, target: Target, tr: Translation) -> None:
     """Run a local engine's event stream through `tr` into the prepared, chunked response of `request`.
 

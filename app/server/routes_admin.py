@@ -8,8 +8,9 @@ from aiohttp import web
 
 from app import __version__
 from app.server.keys import RUNTIME
-from app.server.request_input import query_int
+from app.server.request_input import parse_json_object, query_int
 from app.server.request_keys import MODEL
+from app.server.routes_settings import lane_view, load_with_body
 from app.server.sse import event_stream
 
 routes = web.RouteTableDef()
@@ -39,11 +40,17 @@ async def library(request: web.Request) -> web.Response:
 
 @routes.post("/api/models/{model_id:.+}/load")
 async def load(request: web.Request) -> web.Response:
+    """Load the model; a JSON body of model_overrides keys (ctx_size, parallel, kv_type, flash_attn,
+    gpu_layers, speculative, lora) is taken first, restarting its lane if loaded, with the plan before
+    and after in the answer."""
     rt = request.app[RUNTIME]
     model = request.match_info["model_id"]
     request[MODEL] = model
+    raw = await request.read()
+    if raw.strip():
+        return web.json_response(await load_with_body(rt, model, parse_json_object(raw)))
     lane = await rt.supervisor.load(model)
-    return web.json_response(lane.snapshot())
+    return web.json_response(lane_view(lane, rt.settings))
 
 
 @routes.post("/api/models/{model_id:.+}/unload")
@@ -57,7 +64,12 @@ async def unload(request: web.Request) -> web.Response:
 
 @routes.get("/api/lanes")
 async def lanes(request: web.Request) -> web.Response:
-    return web.json_response({"lanes": request.app[RUNTIME].supervisor.snapshot()})
+    rt = request.app[RUNTIME]
+    views = {ln.id: lane_view(ln, rt.settings)["settings"] for ln in rt.supervisor.lanes.values()}
+    rows = rt.supervisor.snapshot()
+    for row in rows:  # each lane's effective values, under the load body's names
+        row["settings"] = views.get(str(row.get("id")))
+    return web.json_response({"lanes": rows})
 
 
 @routes.get("/api/lanes/{lane_id:.+}/logs")
@@ -69,8 +81,9 @@ async def lane_logs(request: web.Request) -> web.Response:
 
 @routes.get("/api/lanes/{lane_id:.+}")
 async def lane_detail(request: web.Request) -> web.Response:
-    lane = request.app[RUNTIME].supervisor.get_lane(request.match_info["lane_id"])
-    return web.json_response(lane.snapshot())
+    rt = request.app[RUNTIME]
+    lane = rt.supervisor.get_lane(request.match_info["lane_id"])
+    return web.json_response(lane_view(lane, rt.settings))
 
 
 @routes.get("/api/events")

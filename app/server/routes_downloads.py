@@ -11,8 +11,10 @@ from app.core.events import Event
 from app.hub.download import DownloadManager
 from app.hub.refs import split_ref
 from app.server.keys import RUNTIME
-from app.server.sse import event_stream
-from app.server.validate import parse_body
+from app.server.routes_jobs import JOBS, job_work
+from app.server.sse import event_stream, task_stream
+from app.server.update_gate import Gate, GateConflictError, gated_models, updatable
+from app.server.validate import parse_body, text_field
 
 routes = web.RouteTableDef()
 
@@ -21,28 +23,20 @@ def _manager(request: web.Request) -> DownloadManager:
     return request.app[RUNTIME].downloads
 
 
-def _str(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    value = body.get(name)
-    if value is None or value == "":
-        if required:
-            raise BadRequestError(f"missing required field {name!r}", param=name)
-        return None
-    if not isinstance(value, str):
-        raise BadRequestError(f"{name!r} must be a string", param=name)
-    return value.strip()
-
-
 @routes.post("/api/downloads")
 async def create(request: web.Request) -> web.Response:
-    """Queue a download: {repo, revision?, quant? | file?}; `repo` may carry the selector (`org/name:Q4_K_M`).
+    """Queue a download: {repo, revision?, quant? | file?, mmproj?}; `repo` may carry the selector
+    (`org/name:Q4_K_M`); `mmproj` picks the vision projector pulled with a quantization ("none": none).
 
     Answers 202 with the job (an unfinished job for the same files is resumed and returned instead)."""
     body = parse_body(await request.read())
-    repo, selector = split_ref(_str(body, "repo", required=True) or "")
-    quant, file = _str(body, "quant"), _str(body, "file")
+    repo, selector = split_ref(text_field(body, "repo", required=True) or "")
+    quant, file = text_field(body, "quant"), text_field(body, "file")
     if selector and not (quant or file):
         quant = selector
-    job = await _manager(request).submit(repo, revision=_str(body, "revision"), quant=quant, file=file)
+    job = await _manager(request).submit(
+        repo, revision=text_field(body, "revision"), quant=quant, file=file, mmproj=text_field(body, "mmproj")
+    )
     return web.json_response(job.public(), status=202)
 
 
@@ -98,15 +92,37 @@ async def update(request: web.Request) -> web.Response:
     """{repo, rollback?, revision?}: fetch what changed on the hub into a new snapshot and move the ref
     when verified (202 with the job, or 200 `up_to_date`); `rollback` points the ref back at once."""
     body = parse_body(await request.read())
-    repo = _str(body, "repo", required=True) or ""
-    revision = _str(body, "revision") or "main"
+    repo = text_field(body, "repo", required=True) or ""
+    revision = text_field(body, "revision") or "main"
     rollback = body.get("rollback", False)
     if not isinstance(rollback, bool):
         raise BadRequestError("'rollback' must be true or false", param="rollback")
     mgr = _manager(request)
+    gated = gated_models(request.app[RUNTIME], repo)
+    if gated and not rollback:
+        raise GateConflictError(
+            f"{', '.join(gated)} of {repo} has a standing gate: update it through POST /api/hub/gated-update "
+            "(`switchyard update MODEL`), which scores the new revision before it becomes current",
+            param="repo",
+        )
     if rollback:
         return web.json_response({"status": "rolled_back", **mgr.rollback(repo, revision=revision)})
     job = await mgr.update(repo, revision=revision)
     if job is None:
         return web.json_response({"status": "up_to_date", "repo": repo, "revision": revision})
     return web.json_response({"status": "queued", "job": job.public()}, status=202)
+
+
+@routes.post("/api/hub/gated-update")
+async def gated_update_route(request: web.Request) -> web.StreamResponse:
+    """{model, suite?, min_score?}: fetch the model's new revision beside the current one, score it with
+    the suite (default: the model's standing gate), and make it current only if it reaches min_score.
+    Server-sent events: `job`, one `case` per case, then `done` ({status: switched|kept|up_to_date})"""
+    rt = request.app[RUNTIME]
+    body = parse_body(await request.read())
+    model = text_field(body, "model", required=True) or ""
+    gate = Gate.of(rt, model, body)
+    repo = await updatable(rt, model)  # 404 or 400 before the stream starts
+    # the update runs as a job of the server, one per repository (a second one is a 409)
+    request.app[JOBS].check_free(f"update:{repo}")
+    return await task_stream(request, job_work(request, model=model, repo=repo, gate=gate))

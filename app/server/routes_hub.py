@@ -21,9 +21,9 @@ routes = web.RouteTableDef()
 
 
 def setup(app: web.Application) -> None:
-    """One Hub per app (it holds a token kept for this process only), and the routes."""
+    """The Runtime's Hub (it holds a token kept for this process only, and follows applied settings)."""
     rt = app[RUNTIME]
-    app[HUB] = Hub(rt.paths, rt.settings, tokens=rt.tokens)
+    app[HUB] = rt.hub
     app.add_routes(routes)
 
 

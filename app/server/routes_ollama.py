@@ -25,6 +25,7 @@ from app.lanes.remote import RemoteLane
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
 from app.server.keys import GATEWAY, RUNTIME
+from app.server.model_limits import limits_of, plan_for_listing
 from app.server.request_keys import MODEL
 from app.server.runner import Call, run
 from app.server.surface import OLLAMA, serves
@@ -152,7 +153,13 @@ async def _show(request: web.Request) -> web.StreamResponse:
         return web.json_response(remote_show(remote))
     entry = resolve(rt, name)
     request[MODEL] = entry.id
-    return web.json_response(show(entry))
+    doc = show(entry)
+    slots = request.app[GATEWAY].planned
+    await plan_for_listing(slots, [entry], budget_s=60.0)  # one model: plan it now, however long
+    if (limits := limits_of(rt, entry, rt.supervisor.lanes.get(entry.id), slots=slots)) is not None:
+        # as a Modelfile says it: num_ctx is what one request may hold (model_info keeps the trained window)
+        doc["parameters"] = f"num_ctx {limits['context_length']}\nnum_predict {limits['max_output']}"
+    return web.json_response(doc)
 
 
 # ---- chat and generate ---------------------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from app.lanes.lane import LaneState
-from app.server.keys import RUNTIME
+from app.lanes.request_defaults import adapter_ids
+from app.server.keys import GATEWAY, RUNTIME
+from app.server.model_limits import LISTING_BUDGET_S, limits_of, plan_for_listing
 from app.server.proxy import forward
 
 routes = web.RouteTableDef()
@@ -15,10 +17,12 @@ routes = web.RouteTableDef()
 async def list_models(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     lanes = rt.supervisor.lanes
+    slots = request.app[GATEWAY].planned
+    entries = [e for e in rt.catalog.scan() if e.ok]
+    unloaded = [e for e in entries if e.id not in lanes or lanes[e.id].state is not LaneState.READY]
+    await plan_for_listing(slots, unloaded, budget_s=LISTING_BUDGET_S)
     data = []
-    for e in rt.catalog.scan():
-        if not e.ok:
-            continue
+    for e in entries:
         lane = lanes.get(e.id)
         data.append(
             {
@@ -27,10 +31,15 @@ async def list_models(request: web.Request) -> web.Response:
                 "created": int(e.path.stat().st_mtime) if e.path.exists() else 0,
                 "owned_by": "switchyard",
                 "kind": e.kind,
+                "capabilities": sorted(rt.supervisor.capabilities(e)),
                 "loaded": lane is not None and lane.state is LaneState.READY,
                 "state": str(lane.state) if lane else "stopped",
             }
         )
+        if (limits := limits_of(rt, e, lane, slots=slots)) is not None:
+            data[-1].update(limits)
+            for aid in adapter_ids(e.id, rt.settings):  # BASE+ADAPTER: the base's lane, its adapter on
+                data.append({**data[-1], "id": aid, "base": e.id, "adapter": aid.rpartition("+")[2]})
     local = {d["id"] for d in data}
     for m in rt.remotes.listing():  # NAME/MODEL of each remote; a local model of the same id wins
         if m["id"] not in local:

@@ -9,6 +9,7 @@ a whole answer is collected from the same deltas.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -22,11 +23,14 @@ from aiohttp import web
 from app.core.errors import SwitchyardError
 from app.lanes.target import Target
 from app.server.gateway import Gateway
+from app.server.images import check_request_images
 from app.server.keys import GATEWAY
 from app.server.metrics import FIRST_BYTE, USAGE
 from app.server.relay import translate_raw
 from app.server.request_keys import MODEL
+from app.server.safety_gate import GATE, answers_judged, check_request, gate_for, judging
 from app.server.surface import Surface
+from app.server.tool_recovery import RecoveringRun
 from app.server.translation import Translation
 
 log = logging.getLogger("switchyard.runner")
@@ -49,8 +53,17 @@ class Call:
 async def run(request: web.Request, surface: Surface, call: Call, tr: Translation) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     request[MODEL] = call.model
+    tr = RecoveringRun(tr, model=call.model)  # tool calls an engine reported but did not send
     to = await gw.resolve(call.model, call.capability)
     request[MODEL] = to.model
+    group = "responses" if surface.name == "openai" else surface.name
+    if (gate := gate_for(request, group=group, model=to.model, body=call.body)) is not None:
+        request[GATE] = gate
+    await check_request(gate)  # the safety policy's judges, before the engine sees it (docs/safety.md)
+    if call.has_images:  # checked (fetched, decoded) before a lane starts for them, in call.body itself
+        await check_request_images(
+            call.body, model=to.model, entry=to.entry, settings=gw.rt.settings, label=call.param or ""
+        )
     resp: web.StreamResponse | None = None
     if call.stream and gw.needs_start(to):
         resp = surface.stream_response(headers=call.headers)
@@ -82,13 +95,15 @@ async def run(request: web.Request, surface: Surface, call: Call, tr: Translatio
                 has_images=call.has_images,
                 param=call.param,
             )
-            if call.stream and _raw_fits(request, gw, target, resp):
+            if (slotted := await gw.pin_slot(target, call.body, route=route)) is not None:
+                call = dataclasses.replace(call, body=slotted)  # its llama.cpp slot (the session bank)
+            if call.stream and not answers_judged(gate) and _raw_fits(request, gw, target, resp):
                 return await _stream_raw(request, gw, target, call, tr, resp, surface)
             upstream = await gw.post(target, call.path, call.body, stream=True)
             if call.stream:
                 return await _stream(request, gw, target, upstream, call, tr, resp, surface)
             try:
-                async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
+                async with contextlib.aclosing(judging(request, gw.deltas(target, upstream))) as deltas:
                     async for delta in deltas:
                         tr.feed(delta)
                         if tr.stopped:
@@ -121,7 +136,7 @@ async def _stream(
 ) -> web.StreamResponse:
     async def pump() -> None:
         try:
-            async with contextlib.aclosing(gw.deltas(target, upstream)) as deltas:
+            async with contextlib.aclosing(judging(request, gw.deltas(target, upstream))) as deltas:
                 async for delta in deltas:
                     if out := tr.feed(delta):
                         await resp_.write(out)

@@ -3,14 +3,14 @@
 A pair named in settings (`tls_cert`, `tls_key`) is checked and used as given. Without one, a self-signed
 pair is made under the data dir on first use and reused after; it is made again (with a log line saying
 why) when it is damaged, about to expire, or does not name the address being bound. The running server
-records its certificate in server.json, and the CLI trusts exactly that certificate for that address.
+records its certificate in server.json, and the CLI (app/cli/client.py) trusts exactly that certificate for
+that address.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import http.client
 import ipaddress
 import json
 import logging
@@ -18,7 +18,6 @@ import os
 import socket
 import ssl
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,7 +272,7 @@ def _write_private(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-# ---- clients: trust exactly the certificate the running server recorded ---------------------------------
+# ---- clients (app/cli/client.py): trust exactly the certificate the running server recorded ----------------
 def client_context(cert: Path) -> ssl.SSLContext:
     """Trust only `cert`; the partial-chain flag lets a user's CA-issued leaf be its own anchor."""
     ctx = ssl.create_default_context(cafile=str(cert))
@@ -293,20 +292,3 @@ def recorded_cert(paths: Paths, url: str) -> Path | None:
         return None
     same = (have.scheme, have.hostname, have.port) == (want.scheme, want.hostname, want.port)
     return Path(cert) if same else None
-
-
-class _RecordedTrust(urllib.request.HTTPSHandler):
-    def __init__(self, paths: Paths) -> None:
-        super().__init__()
-        self._paths = paths
-
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        cert = recorded_cert(self._paths, req.full_url)
-        ctx = client_context(cert) if cert is not None else None  # None: the system's trust store
-        return self.do_open(http.client.HTTPSConnection, req, context=ctx)
-
-
-def install_client_trust(paths: Paths) -> None:
-    """Make this CLI process's urllib calls to the recorded server trust its certificate (every command
-    that talks to the server goes through urllib)."""
-    urllib.request.install_opener(urllib.request.build_opener(_RecordedTrust(paths)))

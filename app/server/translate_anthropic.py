@@ -475,6 +475,8 @@ class MessageTranslator:
     def stop_reason(self) -> str:
         if self.stop_sequence is not None:
             return "stop_sequence"
+        if self.finish_reason == "content_filter":
+            return "refusal"  # the safety policy cut the answer (app/server/safety_gate.py)
         if self._single and self.tool_calls:
             return "tool_use"  # reading stopped at the one call allowed: the engine's reason is unknown
         if self.finish_reason == "length":

@@ -415,7 +415,8 @@ class OllamaTranslator:
         ns = 1_000_000
         out: dict[str, Any] = {
             "done": True,
-            "done_reason": "length" if self.finish_reason == "length" else "stop",
+            # content_filter: the safety policy cut the answer (app/server/safety_gate.py)
+            "done_reason": r if (r := self.finish_reason) in ("length", "content_filter") else "stop",
             "total_duration": int((time.perf_counter() - self.started) * 1e9),
             "load_duration": int(self.load_s * 1e9),
         }
@@ -602,6 +603,8 @@ def show(entry: ModelEntry) -> dict[str, Any]:
     caps = ["embedding"] if entry.kind == "embedding" else ["completion"]
     if entry.kind == "chat" and "tools" in template:
         caps.append("tools")
+    if entry.mmproj is not None:  # a vision projector loads with it
+        caps.append("vision")
     return {
         "modelfile": f"# served by Switchyard from {entry.path}\nFROM {entry.path}\n",
         "parameters": "",

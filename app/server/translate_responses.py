@@ -385,7 +385,8 @@ class ResponseTranslator:
 
     def finish(self) -> list[Event]:
         """Close what is open and end the response (call once, after the last chunk)."""
-        self.status = "incomplete" if self.finish_reason == "length" else "completed"
+        cut = self.finish_reason in ("length", "content_filter")  # content_filter: the safety policy
+        self.status = "incomplete" if cut else "completed"
         events = self._close("incomplete" if self.status == "incomplete" else "completed")
         name = "response.incomplete" if self.status == "incomplete" else "response.completed"
         return [*events, self._ev(name, response=self.response())]
@@ -413,6 +414,9 @@ class ResponseTranslator:
             "total_tokens": inp + out,
         }
 
+    def _incomplete_reason(self) -> str:
+        return "content_filter" if self.finish_reason == "content_filter" else "max_output_tokens"
+
     def response(self) -> dict[str, Any]:
         done = self.status in ("completed", "incomplete", "failed")
         return {
@@ -423,7 +427,9 @@ class ResponseTranslator:
             "status": self.status,
             "background": False,
             "error": self.error,
-            "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
+            "incomplete_details": (
+                {"reason": self._incomplete_reason()} if self.status == "incomplete" else None
+            ),
             "model": self.model,
             "output": [_copy(item) for item in self.output],
             "previous_response_id": None,

@@ -164,3 +164,15 @@ def typed_field(body: dict[str, Any], name: str, types: tuple[type, ...], desc: 
     if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
         raise bad(f"field {name!r} must be {desc}, got {type(v).__name__}", name)
     return v
+
+
+def text_field(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    """A string field of an admin body, stripped; absent or empty is None (a 400 when `required`)."""
+    value = body.get(name)
+    if value is None or value == "":
+        if required:
+            raise BadRequestError(f"missing required field {name!r}", param=name)
+        return None
+    if not isinstance(value, str):
+        raise BadRequestError(f"{name!r} must be a string", param=name)
+    return value.strip()

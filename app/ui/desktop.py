@@ -17,7 +17,6 @@ from app.chat.store import ChatStore
 from app.core.errors import SwitchyardError
 from app.core.paths import Paths
 from app.core.settings import Settings
-from app.hub.browse import Hub
 from app.runtime import Runtime
 from app.ui.asyncs import Tasks
 from app.ui.bridge import Bridge
@@ -26,6 +25,7 @@ from app.ui.single import InstanceServer
 from app.ui.state import UiState
 from app.ui.tray import Tray
 from app.ui.window import MainWindow
+from app.ui.wording import for_window
 
 log = logging.getLogger("switchyard.ui")
 
@@ -70,7 +70,7 @@ class Desktop:
 
         self.bridge = Bridge(self.runtime.bus)
         await self.bridge.start()
-        self.hub = Hub(self.paths, self.runtime.settings, tokens=self.runtime.tokens)
+        self.hub = self.runtime.hub  # follows settings applied while running (the hub endpoint)
         self.chats = ChatStore(self.paths.home / "chat.db")
         self.theme = theme.apply(self.qapp)
         self.theme.set(str(self.state.get("theme", "system")))
@@ -94,6 +94,16 @@ class Desktop:
         self.chats.close()
         self.window.quitting = True
         self.window.close()
+        await self._release_qt()
+
+    async def _release_qt(self) -> None:
+        """Before Quit returns: every Python callback disconnected from Qt's side (the bridge's signal,
+        the tray's, the single-instance socket's, the tray menu's actions) and the window handed to the
+        event loop for deletion. The tray and its emptied menu go with the app (`app.ui.main.finish_qapp`)."""
+        for signal in (self.bridge.received, self.tray.activated, self.instance.server.newConnection):
+            with contextlib.suppress(RuntimeError, TypeError):
+                signal.disconnect()
+        self.tray.menu.clear()  # its actions hold lambdas over this Desktop
         self.window.deleteLater()
 
     async def run(self) -> None:
@@ -113,6 +123,7 @@ class Desktop:
             self.notify(f"{data.get('model')} stopped", f"The engine failed: {reason}", warn=True)
 
     def notify(self, title: str, text: str, *, warn: bool = False) -> None:
+        text = for_window(text)  # the window's buttons, not the command line
         self.notices.append((title, text))
         icon = QSystemTrayIcon.MessageIcon.Warning if warn else QSystemTrayIcon.MessageIcon.Information
         if self.tray.isVisible():

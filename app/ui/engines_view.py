@@ -12,6 +12,7 @@ from app.lanes import engine_install
 from app.lanes.engine_list import engine_rows
 from app.ui.context import Desk
 from app.ui.pages import table
+from app.ui.wording import for_window
 
 _WHERE = {"managed": "own environment", "app": "Switchyard's Python", "path": "binary"}
 
@@ -25,7 +26,9 @@ class EnginesPanel(QWidget):
         root = QVBoxLayout(self)
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(QLabel("<b>Engines</b>"))
-        self.table = table(["Engine", "Installed", "From", "Pinned", "Previous", "Health"], stretch=5)
+        # the health column carries install hints: they wrap onto more lines rather than being cut
+        headers = ["Engine", "Installed", "From", "Pinned", "Previous", "Health"]
+        self.table = table(headers, stretch=5, wrap=True)
         self.table.itemSelectionChanged.connect(self._buttons)
         root.addWidget(self.table)
         row = QHBoxLayout()
@@ -78,7 +81,7 @@ class EnginesPanel(QWidget):
                 _WHERE.get(r["where"] or "", "-"),
                 pinned,
                 r["previous"] or "-",
-                r["problem"] or ("ok" if r["can_start"] else r["health"]),
+                for_window(r["problem"] or ("ok" if r["can_start"] else r["health"])),
             ]
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)

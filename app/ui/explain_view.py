@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QDialog,
     QLabel,
@@ -29,29 +29,72 @@ SEGMENTS = (
 )
 
 
+OVER = QColor("#e53935")  # the part past the device's limit
+
+
 class MemoryBar(QWidget):
+    """The device's memory as a bar: what is in use, then the model's parts. The limit is a line; where
+    the total goes past it, the bar grows beyond the line and the overflow is hatched in red."""
+
     def __init__(self, parts: dict[str, int], capacity: int) -> None:
         super().__init__()
         self.parts, self.capacity = parts, max(capacity, 1)
-        self.setMinimumHeight(22)
+        self.setMinimumHeight(26)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:
-        return QSize(420, 22)
+        return QSize(420, 26)
+
+    @property
+    def total(self) -> int:
+        return sum(int(self.parts.get(k, 0)) for k, _l, _c in SEGMENTS)
+
+    @property
+    def over(self) -> int:
+        """Bytes past the limit (0 when it fits)."""
+        return max(self.total - self.capacity, 0)
+
+    def bar_layout(self, width: float) -> dict[str, Any]:
+        """Where each part lies in a bar `width` wide: the scale is the larger of the limit and the total,
+        so an overflow is drawn to size past the limit line instead of being cut at the edge."""
+        scale = width / max(self.capacity, self.total, 1)
+        x, segments = 0.0, []
+        for key, _label, _color in SEGMENTS:
+            w = self.parts.get(key, 0) * scale
+            if w > 0:
+                segments.append((key, x, w))
+                x += w
+        limit = self.capacity * scale
+        return {"segments": segments, "limit_x": limit, "overflow": (limit, max(x - limit, 0.0))}
 
     def paintEvent(self, _: Any) -> None:
         p = QPainter(self)
-        r = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        r = QRectF(self.rect()).adjusted(0.5, 3.5, -0.5, -3.5)
+        g = self.bar_layout(r.width())
         p.fillRect(r, self.palette().base())
-        x = r.left()
-        for key, _label, color in SEGMENTS:
-            w = r.width() * self.parts.get(key, 0) / self.capacity
-            w = min(w, r.right() - x)
-            if w > 0:
-                p.fillRect(QRectF(x, r.top(), w, r.height()), color)
-                x += w
+        colors = {k: c for k, _l, c in SEGMENTS}
+        for key, x, w in g["segments"]:
+            p.fillRect(QRectF(r.left() + x, r.top(), w, r.height()), colors[key])
+        ox, ow = g["overflow"]
+        if ow > 0:
+            past = QRectF(r.left() + ox, r.top(), ow, r.height())
+            p.fillRect(past, QColor(255, 255, 255, 110))  # washed out: the parts past the line stay legible
+            p.fillRect(past, QBrush(OVER, Qt.BrushStyle.BDiagPattern))
+            p.setPen(QPen(OVER, 2))
+            p.drawRect(past)
+            text = f"+{size(self.over)}"
+            room = self.fontMetrics().horizontalAdvance(text) + 8
+            if room < ow:  # the overflow's size on a small plate in its middle, the hatching around it
+                plate = QRectF(past.center().x() - room / 2, past.top() + 1, room, past.height() - 2)
+                p.fillRect(plate, QColor(255, 255, 255, 220))
+                p.setPen(QColor("#b71c1c"))
+                p.drawText(plate, Qt.AlignmentFlag.AlignCenter, text)
         p.setPen(self.palette().text().color())
         p.drawRect(r)
+        # the device's limit: a line standing out above and below the bar
+        lx = r.left() + g["limit_x"]
+        p.setPen(QPen(self.palette().text().color(), 2))
+        p.drawLine(QPointF(lx, 0), QPointF(lx, self.height()))
         p.end()
 
 
@@ -98,8 +141,10 @@ class ExplainView(QWidget):
         head.setWordWrap(True)
         lay.addWidget(head)
         plan = n["plan"] or {}
-        chosen = plan.get("chosen") or {}
+        chosen = plan.get("chosen") or _nearest(plan)
         budget = plan.get("budget") or {}
+        if not plan.get("chosen") and chosen:  # nothing fits: the bars show the closest try, over the top
+            lay.addWidget(_html(f"<i>Closest try: {chosen.get('name')}, which does not fit.</i>"))
         for d in chosen.get("devices", []):
             dev = d["device"]
             cap = _capacity(dev, n["hardware"]) or int(d["total"] + budget.get(dev, 0))
@@ -107,32 +152,38 @@ class ExplainView(QWidget):
             other = int(d.get("compute", 0) + d.get("overhead", 0) + d.get("prompt_cache", 0))
             other += int(d.get("projector", 0))
             parts = {"used": used, "weights": d["weights"], "kv_cache": d["kv_cache"], "compute": other}
-            lay.addWidget(QLabel(f"<b>{dev}</b>: {size(used + d['total'])} of {size(cap)}"))
-            lay.addWidget(MemoryBar(parts, cap))
+            bar = MemoryBar(parts, cap)
+            if bar.over:
+                fill = f", <span style='color:{OVER.name()}'><b>{size(bar.over)} over the limit</b></span>"
+            else:
+                fill = f", {size(cap - bar.total)} free"
+            lay.addWidget(_html(f"<b>{dev}</b>: {size(bar.total)} of {size(cap)}{fill}"))
+            lay.addWidget(bar)
             legend = "   ".join(
                 f"<span style='color:{c.name()}'>■</span> {label} {size(parts[k])}"
                 for k, label, c in SEGMENTS
             )
+            legend += "   ┃ the device's limit" + (
+                f"   <span style='color:{OVER.name()}'>▨</span> past it" if bar.over else ""
+            )
             lab = QLabel(legend)
             lab.setWordWrap(True)
             lay.addWidget(lab)
+        if "decision" in doc:  # a local model: its speed predicted, and measured once it has run here
+            lay.addWidget(_html(_speed(chosen, doc.get("measured_tokens_per_s"), bool(plan.get("chosen")))))
         measured = _measured(doc)
         if measured:
             lay.addWidget(_html(measured))
         if plan.get("placements"):
             rows = []
             for p in plan["placements"]:
-                speed = (
-                    f"~{p['tokens_per_s']:.0f} tok/s" if p.get("tokens_per_s") else p.get("speed_note", "")
-                )
-                mark = "fits" if p["fits"] else "does not fit"
-                rows.append(
-                    f"<li><b>{p['name']}</b> ({p['gpu_layers']} GPU layers): {mark}; largest context "
-                    f"{p.get('max_ctx') or '-'}; {speed}</li>"
-                )
+                rows.append(f"<li><b>{p['name']}</b> ({p['gpu_layers']} GPU layers): {_placement(p)}</li>")
             lay.addWidget(_html("<b>Placements</b><ul>" + "".join(rows) + "</ul>"))
         for a in plan.get("advice") or []:
             lay.addWidget(_html(f"To make it fit: {a}"))
+        if doc.get("alternatives"):  # other files of the same repository that do fit (Discover)
+            alt = ", ".join(doc["alternatives"])
+            lay.addWidget(_html(f"<b>Fits here instead:</b> {alt} (a smaller quantization)"))
         lane = n["lane"] or "none"
         reasons = "".join(f"<li>{r}</li>" for r in n["reasons"])
         lay.addWidget(_html(f"<b>Lane chosen: {lane}</b><ul>{reasons}</ul>"))
@@ -140,6 +191,48 @@ class ExplainView(QWidget):
             rej = "".join(f"<li><b>{r['lane']}</b>: {r['message']}</li>" for r in n["rejections"])
             lay.addWidget(_html(f"<b>Lanes turned down</b><ul>{rej}</ul>"))
         lay.addStretch(1)
+
+
+def _nearest(plan: dict[str, Any]) -> dict[str, Any]:
+    """The placement that misses by the least (nothing fits): what the bars show."""
+    tries = [p for p in plan.get("placements") or [] if p.get("devices")]
+    if not tries:
+        return {}
+    return min(tries, key=lambda p: sum(int(v) for v in (p.get("short_by") or {}).values()) or 1 << 62)
+
+
+def _placement(p: dict[str, Any]) -> str:
+    """One placement in words; what is unknown or does not apply is left out, never printed as - or 0."""
+    if not p.get("fits"):
+        short = ", ".join(f"{dev} {size(int(n))}" for dev, n in (p.get("short_by") or {}).items() if n)
+        return f"does not fit{f' ({short} short)' if short else ''}"
+    words = ["fits"]
+    if p.get("max_ctx"):
+        words.append(f"largest context {p['max_ctx']}")
+    if p.get("tokens_per_s"):
+        words.append(f"~{p['tokens_per_s']:.0f} tok/s")
+    elif p.get("speed_note"):
+        words.append(str(p["speed_note"]))
+    return "; ".join(words)
+
+
+def _speed(chosen: dict[str, Any], measured: Any, fits: bool) -> str:
+    """Predicted beside measured generation speed. A measurement is shown only where the plan fits: one
+    taken at another context says nothing about a plan that cannot run."""
+    tps = chosen.get("tokens_per_s")
+    band = chosen.get("tokens_per_s_range")
+    if tps:
+        predicted = f"~{tps:.0f} tok/s" + (
+            " (calibrated on this machine)" if chosen.get("calibrated") else ""
+        )
+    elif band:
+        predicted = f"{band[0]:g}-{band[1]:g} tok/s (a range until a model measured here calibrates it)"
+    else:
+        predicted = str(chosen.get("speed_note") or "not estimated")
+    if not fits:
+        return f"<b>Speed</b>: predicted {predicted}"
+    seen = f"{float(measured):.1f} tok/s" if isinstance(measured, int | float) else "not measured yet"
+    return f"<b>Speed</b>: predicted {predicted}; measured {seen}"
 
 
 def _measured(doc: dict[str, Any]) -> str | None:
@@ -175,6 +268,9 @@ class ExplainDialog(QDialog):
 
     def __init__(self, title: str, doc: dict[str, Any], parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        # a window of its own, not a dialog kept above the main window (which it would cover and block)
+        self.setWindowFlags(Qt.WindowType.Window)
+        self.setWindowModality(Qt.WindowModality.NonModal)
         self.setWindowTitle(f"Why: {title}")
         self.resize(640, 560)
         area = QScrollArea()

@@ -48,7 +48,38 @@ def verdict(v: dict[str, Any] | None) -> str:
     if v.get("verdict") is None:
         return "unknown"
     word = VERDICT_WORDS.get(v["verdict"], v["verdict"])
+    parts = []
+    chosen = ((v.get("plan") or {}).get("chosen")) or {}
+    band = v.get("tokens_per_s_range") or chosen.get("tokens_per_s_range")
     if v.get("verdict") == "cpu" and v.get("tokens_per_s"):
-        tps = float(v["tokens_per_s"])
-        word += f" (~{tps / 1000:.0f}k tok/s)" if tps >= 10_000 else f" (~{tps:.0f} tok/s)"
-    return word
+        parts.append(f"~{tps(float(v['tokens_per_s']))} tok/s")
+    elif v.get("verdict") == "cpu" and band:  # nothing measured here yet: the honest answer is a range
+        parts.append(f"{tps(float(band[0]))}-{tps(float(band[1]))} tok/s")
+    if v.get("measured_tokens_per_s"):
+        parts.append(f"measured {tps(float(v['measured_tokens_per_s']))}")
+    return f"{word} ({'; '.join(parts)})" if parts else word
+
+
+def tps(n: float) -> str:
+    """A speed in tokens/s, short: 12, 3.4, 15k."""
+    if n >= 10_000:
+        return f"{n / 1000:.0f}k"
+    return f"{n:.0f}" if n >= 10 else f"{n:.1f}"
+
+
+def parallel_of(v: dict[str, Any] | None) -> int:
+    """How many requests the engine serves at once for this verdict (each gets total / parallel)."""
+    plan = (v or {}).get("plan") or {}
+    place = plan.get("chosen") or next(iter(plan.get("placements") or []), None) or {}
+    return max(int(place.get("parallel") or 1), 1)
+
+
+def context(total: int | None, *, parallel: int) -> tuple[str, str]:
+    """(per request, the detail): a prompt and its reply must fit the per-request share, so that is the
+    number shown; the total the engine holds goes in the detail."""
+    if not total:
+        return "-", "no context fits"
+    per = total // max(parallel, 1)
+    if parallel <= 1:
+        return str(per), f"{total} tokens per request"
+    return str(per), f"{per} tokens per request ({total} in all, {parallel} requests at once)"

@@ -60,5 +60,29 @@ def run_gui(paths: Paths, *, settings: Settings | None = None) -> int:
     settings = settings or load_settings(paths.settings_file)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    with loop:
-        return int(loop.run_until_complete(gui_main(app, paths, settings)))
+    try:
+        with loop:
+            return int(loop.run_until_complete(gui_main(app, paths, settings)))
+    finally:
+        finish_qapp(app)
+
+
+def finish_qapp(app: QApplication) -> None:
+    """Quit's last step, before the interpreter finalizes: no Python callback left on Qt's side (signal
+    handlers, the theme), the loop unset, the QApplication deleted while Python can still run its slots."""
+    from app.server.app import stop_signals
+    from app.ui import theme
+
+    for sig in stop_signals():
+        signal.signal(sig, signal.SIG_DFL)
+    asyncio.set_event_loop(None)
+    theme.release(app)
+    import shiboken6
+
+    if shiboken6.isValid(app):
+        # the tray's menu, and anything else left: only the parentless ones, since a dialog with a parent
+        # is a top-level window too and goes with that parent (deleting it again would crash)
+        for widget in app.topLevelWidgets():
+            if shiboken6.isValid(widget) and widget.parentWidget() is None:
+                shiboken6.delete(widget)
+        shiboken6.delete(app)

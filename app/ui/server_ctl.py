@@ -36,6 +36,9 @@ class ServerControl:
         self.error: str | None = None
         self.port: int | None = None  # chosen on the Server page; None: the settings' port
         self.tls: tls.TlsMaterial | None = None  # the certificate served while running with TLS
+        # whether the server should listen: set by start() (even one that failed on a busy port), cleared
+        # by the user's stop; a port change restarts only a wanted server
+        self.wanted = False
 
     @property
     def running(self) -> bool:
@@ -46,6 +49,7 @@ class ServerControl:
 
     async def start(self) -> str:
         """Listen on the configured address; a busy port is an error, never shown as started."""
+        self.wanted = True
         if self._site is not None:
             return self.url or ""
         s = self.runtime.settings
@@ -93,7 +97,9 @@ class ServerControl:
             self._publish()
             raise
 
-    async def stop(self) -> None:
+    async def stop(self, *, keep_wanted: bool = False) -> None:
+        """Close the socket; `keep_wanted`: only to listen elsewhere (a port change), not the user's stop."""
+        self.wanted = self.wanted and keep_wanted
         site, self._site = self._site, None
         if site is None:
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
@@ -16,7 +18,13 @@ def dark_palette() -> QPalette:
         (QPalette.ColorRole.Base, base),
         (QPalette.ColorRole.AlternateBase, window),
         (QPalette.ColorRole.Text, text),
-        (QPalette.ColorRole.Button, window),
+        (QPalette.ColorRole.Button, QColor("#3c3f43")),
+        # Fusion draws frames, bevels and grid lines from these: unset, edits and boxes vanish on dark
+        (QPalette.ColorRole.Light, QColor("#5a5d62")),
+        (QPalette.ColorRole.Midlight, QColor("#46494e")),
+        (QPalette.ColorRole.Mid, QColor("#5f6369")),
+        (QPalette.ColorRole.Dark, QColor("#151618")),
+        (QPalette.ColorRole.Shadow, QColor("#0c0c0d")),
         (QPalette.ColorRole.ButtonText, text),
         (QPalette.ColorRole.Highlight, QColor("#3574f0")),
         (QPalette.ColorRole.HighlightedText, QColor("#ffffff")),
@@ -26,8 +34,11 @@ def dark_palette() -> QPalette:
         (QPalette.ColorRole.Link, QColor("#6ea8fe")),
     ):
         p.setColor(role, color)
-    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text, QColor("#6f7378"))
-    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.ButtonText, QColor("#6f7378"))
+    # greyed but legible: Fusion lightens a disabled button's face, so its text needs to stand well above it
+    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text, QColor("#8a8e94"))
+    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.WindowText, QColor("#8a8e94"))
+    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Button, QColor("#313337"))
+    p.setColor(QPalette.ColorGroup.Disabled, QPalette.ColorRole.ButtonText, QColor("#8a8e94"))
     return p
 
 
@@ -41,8 +52,16 @@ class Theme:
         self.app = app
         self.choice = "system"
         app.setStyle("Fusion")
-        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _=None: self.update())
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._scheme_changed)
         self.update()
+
+    def _scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
+        self.update()
+
+    def close(self) -> None:
+        """Disconnect from the style hints: no Python callback is left on Qt's side at exit."""
+        with contextlib.suppress(RuntimeError, TypeError):
+            QGuiApplication.styleHints().colorSchemeChanged.disconnect(self._scheme_changed)
 
     def set(self, choice: str) -> None:
         self.choice = choice if choice in CHOICES else "system"
@@ -62,3 +81,11 @@ def apply(app: QApplication) -> Theme:
         theme = Theme(app)
         app._switchyard_theme = theme  # type: ignore[attr-defined]  # one per QApplication
     return theme
+
+
+def release(app: QApplication) -> None:
+    """The app's Theme disconnected and dropped (quit: before the interpreter finalizes)."""
+    theme = getattr(app, "_switchyard_theme", None)
+    if theme is not None:
+        theme.close()
+        del app._switchyard_theme  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from app.core.notify import tray_message
 from app.ui.icons import app_icon
 
 if TYPE_CHECKING:
@@ -26,9 +27,11 @@ class Tray(QSystemTrayIcon):
         if QSystemTrayIcon.isSystemTrayAvailable():
             self.show()
 
-    def _on_event(self, kind: str, _data: Any) -> None:
+    def _on_event(self, kind: str, data: Any) -> None:
         if kind == "server.state" or kind.startswith("lane."):
             self.rebuild()
+        elif said := tray_message(kind, data):  # job ends and updates (the server publishes each once)
+            self.desk.notify(said[0], said[1], warn=said[2])
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
         if reason in (QSystemTrayIcon.ActivationReason.Trigger, QSystemTrayIcon.ActivationReason.DoubleClick):

@@ -33,6 +33,18 @@ if TYPE_CHECKING:
     from app.ui.context import Desk
 
 PAGES = ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings")
+# listed in the About box (and docs/desktop.md); the keys themselves are bound in MainWindow.__init__
+SHORTCUTS = (
+    ("Ctrl+1 … Ctrl+7", "the pages, in sidebar order"),
+    ("Ctrl+F", "the search box of this page"),
+    ("Ctrl+N", "a new conversation"),
+    ("Ctrl+Enter", "send the message (Chat)"),
+    ("Tab, Shift+Tab", "the next or previous control, buttons in tables included"),
+    ("Arrow keys", "move inside a list or table; Space presses the focused button"),
+    ("Ctrl+W", "close the window to the tray"),
+    ("Ctrl+Q", "quit: stop the server and every lane"),
+    ("F1", "this box"),
+)
 
 
 class MainWindow(QMainWindow):
@@ -94,7 +106,9 @@ class MainWindow(QMainWindow):
             f"<b>Switchyard {__version__}</b><br>Local AI models behind one OpenAI-compatible endpoint, "
             f"each run by a real upstream engine.<br><br>Data folder: {home}<br>"
             f"Server: {self.desk.server.url if self.desk.server.running else 'stopped'}<br>"
-            "Licence: Apache-2.0"
+            "Licence: Apache-2.0<br><br><b>Keyboard</b><table>"
+            + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td>{what}</td></tr>" for k, what in SHORTCUTS)
+            + "</table>"
         )
 
     def show_about(self) -> QMessageBox:

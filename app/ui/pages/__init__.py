@@ -3,10 +3,12 @@ bus events."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QVBoxLayout, QWidget
+
+from app.ui.wording import for_window
 
 if TYPE_CHECKING:
     from app.ui.context import Desk
@@ -27,21 +29,33 @@ class Page(QWidget):
             h = QLabel(self.hint)
             h.setWordWrap(True)
             self.root.addWidget(h)
-        self.status = QLabel("")
+        self.status = QLabel("", self)  # parented now: a page that does not lay it out still owns it
         self.status.setWordWrap(True)
         self.status.setStyleSheet("color: #c62828")
+        # its line is kept while empty, so an error appearing does not push the page down
+        policy = self.status.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.status.setSizePolicy(policy)
         self.status.hide()
 
+    def hideEvent(self, event: Any) -> None:
+        """Leaving the page drops its error: one from an earlier visit does not linger."""
+        super().hideEvent(event)
+        self.clear_report()
+
     def report(self, msg: str) -> None:
-        """An error stated plainly, with what to do (the core's messages already say it)."""
-        self.status.setText(msg)
+        """An error stated plainly, with what to do (the core's messages say it; the window's wording
+        names its own buttons where the core names a command)."""
+        self.status.setText(for_window(msg))
         self.status.setVisible(bool(msg))
 
     def clear_report(self) -> None:
         self.report("")
 
 
-def table(headers: list[str], *, stretch: int = 0) -> QTableWidget:
+def table(headers: list[str], *, stretch: int = 0, wrap: bool = False) -> QTableWidget:
+    """A read-only table of rows. `stretch` names the column that takes the room left (the name); with
+    `wrap`, its long texts wrap onto a second line instead of being cut (rows fit their contents)."""
     t = QTableWidget(0, len(headers))
     t.setHorizontalHeaderLabels(headers)
     t.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -49,9 +63,17 @@ def table(headers: list[str], *, stretch: int = 0) -> QTableWidget:
     t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
     t.verticalHeader().setVisible(False)
     t.setAlternatingRowColors(True)
-    t.setWordWrap(False)  # one line per row; long names are elided in the middle, full text in the tooltip
-    t.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+    t.setWordWrap(wrap)  # else one line per row; the full text is in the tooltip
+    # names are cut at the end ("acme/Llama-70B-…" stays apart from "acme/Llama-8B-…"); only the `stretch`
+    # column (the name) gives up room, the others keep their whole text and the table scrolls sideways
+    t.setTextElideMode(Qt.TextElideMode.ElideRight)
+    t.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
     h = t.horizontalHeader()
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    h.setMinimumSectionSize(48)
+    # Tab moves on to the next widget instead of walking every cell; arrows move inside the table
+    t.setTabKeyNavigation(False)
+    if wrap:
+        t.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     return t

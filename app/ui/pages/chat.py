@@ -1,5 +1,6 @@
 """Chat: conversations in SQLite (app/chat/store.py), replies streamed through the local gateway — the
-same /v1/chat/completions path editors use — rendered as Markdown, with Stop, Regenerate, TTFT and tok/s."""
+same /v1/chat/completions path editors use — rendered as Markdown, with Stop, Regenerate, TTFT and tok/s.
+Images come by the Attach button, a drop or a paste, are kept in chat.db and sent as `image_url` parts."""
 
 from __future__ import annotations
 
@@ -11,8 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtCore import QMimeData, QSize, Qt, QUrl
+from PySide6.QtGui import (
+    QDesktopServices,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QImage,
+    QPixmap,
+)
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -29,13 +38,20 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QTextBrowser,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app.chat.attachments import MAX_IMAGES_PER_MESSAGE, Picture, prepare
 from app.chat.client import ChatError, stream_chat
-from app.chat.deltas import Text, Usage
+from app.chat.deltas import Text, Usage, timing_figures
+from app.core.errors import SwitchyardError
+from app.library.pairing import projector_for
+from app.ui.chat_images import QtImageCodec, carries_images, images_in, thumbnail
 from app.ui.pages import Page
+from app.ui.voice import VoiceBar
+from app.ui.wording import for_window
 
 
 class ChatPage(Page):
@@ -58,16 +74,18 @@ class ChatPage(Page):
         self.search.textChanged.connect(lambda _: self.reload_list())
         self.list = QListWidget()
         self.list.currentItemChanged.connect(self._picked)
-        row = QHBoxLayout()
-        for name, slot in (
-            ("New", self.new_conversation),
-            ("Rename", self.rename_dialog),
-            ("Delete", self.delete_current),
-            ("Export", self.export_dialog),
+        row = QGridLayout()  # two by two: the list stays narrow on a 1024-px screen
+        for i, (name, slot) in enumerate(
+            (
+                ("New", self.new_conversation),
+                ("Rename", self.rename_dialog),
+                ("Delete", self.delete_current),
+                ("Export", self.export_dialog),
+            )
         ):
             b = QPushButton(name)
             b.clicked.connect(lambda _=False, s=slot: s())
-            row.addWidget(b)
+            row.addWidget(b, i // 2, i % 2)
         ll.addWidget(self.search)
         ll.addWidget(self.list, 1)
         ll.addLayout(row)
@@ -80,6 +98,7 @@ class ChatPage(Page):
         self.model = QComboBox()
         self.model.setMinimumWidth(200)
         self.model.currentIndexChanged.connect(lambda _: self._save_options())
+        self.model.currentIndexChanged.connect(lambda _: self._vision_changed())
         self.system = QLineEdit()
         self.system.setPlaceholderText("System prompt (optional)")
         self.system.editingFinished.connect(self._save_options)
@@ -99,22 +118,27 @@ class ChatPage(Page):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(-1)
         self.seed.setMinimumWidth(100)
+        # a changed value belongs to the open conversation at once: Regenerate and a reopened chat use it
+        for box in (self.temperature, self.max_tokens, self.top_p, self.seed):
+            box.valueChanged.connect(lambda _v: self._save_options())
         opts.addWidget(QLabel("Model"))
         opts.addWidget(self.model, 1)
         rl.addLayout(opts)
         rl.addWidget(self.system)
-        sampling = QHBoxLayout()
-        for label, w in (
-            ("Temperature", self.temperature),
-            ("Top-p", self.top_p),
-            ("Max tokens", self.max_tokens),
-            ("Seed", self.seed),
+        sampling = QGridLayout()  # two rows of two, so the page fits a 1024-px screen beside the list
+        for i, (label, w) in enumerate(
+            (
+                ("Temperature", self.temperature),
+                ("Top-p", self.top_p),
+                ("Max tokens", self.max_tokens),
+                ("Seed", self.seed),
+            )
         ):
-            sampling.addWidget(QLabel(label))
-            sampling.addWidget(w)
-        sampling.addStretch(1)
+            sampling.addWidget(QLabel(label), i // 2, 2 * (i % 2))
+            sampling.addWidget(w, i // 2, 2 * (i % 2) + 1)
+        sampling.setColumnStretch(4, 1)
         rl.addLayout(sampling)
-        self.view = QTextBrowser()
+        self.view = HistoryView(self)
         # links are ours to follow: `copy:N` copies code block N of the shown conversation
         self.view.setOpenLinks(False)
         self.view.anchorClicked.connect(self._link)
@@ -124,8 +148,8 @@ class ChatPage(Page):
         rl.addWidget(self.phase)
         rl.addWidget(self.status)
         send_row = QHBoxLayout()
-        self.input = QPlainTextEdit()
-        self.input.setPlaceholderText("Message (Ctrl+Enter sends)")
+        self.input = Composer(self)
+        self.input.setPlaceholderText("Message (Ctrl+Enter sends; paste or drop images)")
         self.input.setMaximumHeight(90)
         self.send_btn = QPushButton("Send")
         self.send_btn.setShortcut("Ctrl+Return")
@@ -141,19 +165,31 @@ class ChatPage(Page):
         self.copy_btn = QPushButton("Copy reply")
         self.copy_btn.clicked.connect(self.copy_last_reply)
         self.editing: int | None = None  # the user message Send will replace
+        self.attach_btn = QPushButton("Attach image…")
+        self.attach_btn.clicked.connect(self.attach_dialog)
+        self.pending: list[Picture] = []  # images the next Send carries
+        self.pending_row = QHBoxLayout()
+        self.pending_row.setContentsMargins(0, 0, 0, 0)
+        self.pending_row.addStretch(1)
+        rl.addLayout(self.pending_row)
+        self.setAcceptDrops(True)
         send_row.addWidget(self.input, 1)
         buttons = QGridLayout()
-        for i, b in enumerate((self.send_btn, self.edit_btn, self.stop_btn, self.copy_btn, self.regen_btn)):
+        for i, b in enumerate(
+            (self.send_btn, self.edit_btn, self.stop_btn, self.copy_btn, self.regen_btn, self.attach_btn)
+        ):
             buttons.addWidget(b, i // 2, i % 2)
         send_row.addLayout(buttons)
         rl.addLayout(send_row)
+        self.voice = VoiceBar(self)  # hold-to-talk and read aloud (app/ui/voice.py)
+        rl.addWidget(self.voice)
         split.addWidget(right)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 4)
         split.setSizes([260, 900])
         self.root.addWidget(split, 1)
         desk.bridge.received.connect(self._on_event)
-        self.reload_models()
+        self.reload_models()  # and the Attach button's state for the model shown
         self.reload_list()
 
     def focus_search(self) -> None:
@@ -171,6 +207,7 @@ class ChatPage(Page):
         idx = self.model.findData(keep)
         self.model.setCurrentIndex(max(idx, 0))
         self.model.blockSignals(False)
+        self._vision_changed()
 
     def reload_list(self) -> None:
         self.list.blockSignals(True)
@@ -190,8 +227,11 @@ class ChatPage(Page):
 
     def new_conversation(self, *, model: str | None = None) -> int:
         self.reload_models()
-        if model is not None:
+        if model is not None:  # the new chat's model, not a change to the one open now
+            self.model.blockSignals(True)
             self.model.setCurrentIndex(max(self.model.findData(model), 0))
+            self.model.blockSignals(False)
+            self._vision_changed()
         cid = self.store.create("New chat", model=self.model.currentData(), system_prompt=self.system.text())
         self.current = cid
         self.reload_list()
@@ -207,18 +247,22 @@ class ChatPage(Page):
     def open(self, cid: int) -> None:
         self.current = cid
         conv = self.store.get(cid)
-        self.model.blockSignals(True)
+        controls = (self.model, self.temperature, self.max_tokens, self.top_p, self.seed)
+        for w in controls:  # showing a conversation's values is not a change to save
+            w.blockSignals(True)
         idx = self.model.findData(conv.model)
         if idx < 0 and conv.model:
             self.model.addItem(conv.model, conv.model)
             idx = self.model.count() - 1
         self.model.setCurrentIndex(max(idx, 0))
-        self.model.blockSignals(False)
         self.system.setText(conv.system_prompt)
         self.temperature.setValue(float(conv.sampling.get("temperature", 0.7)))
         self.max_tokens.setValue(int(conv.sampling.get("max_tokens", 512)))
         self.top_p.setValue(float(conv.sampling.get("top_p", 1.0)))
         self.seed.setValue(int(conv.sampling.get("seed", -1)))
+        for w in controls:
+            w.blockSignals(False)
+        self._vision_changed()
         self.show_messages()
 
     def _save_options(self) -> None:
@@ -278,6 +322,103 @@ class ChatPage(Page):
         text = self.store.export_json(cid) if path.suffix == ".json" else self.store.export_markdown(cid)
         path.write_text(text, encoding="utf-8")
 
+    # ---- images -----------------------------------------------------------------------------------
+    def model_has_vision(self) -> bool:
+        """Whether the chosen model loads with a vision projector (the pairing, or its mmproj override)."""
+        mid = self.model.currentData()
+        entry = self.desk.runtime.catalog.find(mid) if mid else None
+        if entry is None:
+            return False
+        override = self.desk.runtime.settings.override(entry.id, "mmproj", None)
+        return projector_for(entry.path, entry.mmproj, override=override) is not None
+
+    def _vision_changed(self) -> None:
+        mid = self.model.currentData()
+        ok = self.model_has_vision()
+        self.attach_btn.setEnabled(ok)
+        if ok:
+            self.attach_btn.setToolTip("Attach an image (or paste or drop one into the message box)")
+        elif not mid:
+            self.attach_btn.setToolTip("Pick a model first: images need a model with vision")
+        else:
+            self.attach_btn.setToolTip(
+                f"{mid} has no vision: it has no projector (mmproj) beside it. Pick a vision model, or "
+                "download one with its mmproj file"
+            )
+
+    def attach_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Attach images", str(Path.home()), "Images (*.png *.jpg *.jpeg *.gif *.webp *.bmp)"
+        )
+        for path in paths:
+            self.attach_file(Path(path))
+
+    def attach_file(self, path: Path) -> bool:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            self.report(f"{path.name} could not be read ({exc.strerror}); check the file and attach it again")
+            return False
+        return self.attach_bytes(data, name=path.name)
+
+    def attach_bytes(self, data: bytes, *, name: str = "the image") -> bool:
+        """Adds an image to the composer (scaled and checked now, so a bad file is named at once)."""
+        if not self.model_has_vision():
+            self.report(self.attach_btn.toolTip())
+            return False
+        if len(self.pending) >= MAX_IMAGES_PER_MESSAGE:
+            self.report(f"A message takes at most {MAX_IMAGES_PER_MESSAGE} images; send these first")
+            return False
+        try:
+            pic = prepare(data, codec=QtImageCodec(), name=name)
+        except SwitchyardError as exc:
+            self.report(exc.message)
+            return False
+        self.clear_report()
+        self.pending.append(pic)
+        self._refresh_pending()
+        return True
+
+    def attach_mime(self, mime: QMimeData) -> int:
+        """Attaches the images a paste or drop carries; how many were taken."""
+        return sum(self.attach_bytes(data, name=name) for name, data in images_in(mime))
+
+    def paste_image(self) -> int:
+        return self.attach_mime(QGuiApplication.clipboard().mimeData())
+
+    def remove_pending(self, index: int) -> None:
+        if 0 <= index < len(self.pending):
+            del self.pending[index]
+            self._refresh_pending()
+
+    def _clear_pending(self) -> None:
+        self.pending.clear()
+        self._refresh_pending()
+
+    def _refresh_pending(self) -> None:
+        while self.pending_row.count() > 1:  # the stretch stays last
+            item = self.pending_row.takeAt(0)
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
+        for i, pic in enumerate(self.pending):
+            b = QToolButton()
+            b.setIcon(QIcon(QPixmap.fromImage(thumbnail(pic.data, 64))))
+            b.setIconSize(QSize(64, 64))
+            b.setText("Remove")
+            b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+            b.setToolTip(f"{pic.width}x{pic.height} {pic.mime}; click to remove it from the message")
+            b.clicked.connect(lambda _=False, n=i: self.remove_pending(n))
+            self.pending_row.insertWidget(i, b)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if carries_images(event.mimeData()) and self.attach_btn.isEnabled():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        if self.attach_mime(event.mimeData()):
+            event.acceptProposedAction()
+
     # ---- rendering --------------------------------------------------------------------------------
     def show_messages(self) -> None:
         if self.current is None:
@@ -290,7 +431,8 @@ class ChatPage(Page):
             if self.live is not None and m.id == self.live["id"]:
                 content, meta = self.live["text"], self.live
             if m.role == "user":
-                parts.append(f"**You**\n\n{content}\n")
+                pics = " ".join(f"![image {a.width}x{a.height}](chatimg:{a.id})" for a in m.images)
+                parts.append(f"**You**\n\n{content}\n" + (f"\n{pics}\n" if pics else ""))
             elif m.role == "assistant":
                 body = with_copy_links(content or "…", self.code_blocks)
                 parts.append(f"**Assistant**\n\n{body}\n\n{_stats(meta)}\n")
@@ -303,7 +445,10 @@ class ChatPage(Page):
     # ---- sending ----------------------------------------------------------------------------------
     def send(self, text: str | None = None) -> asyncio.Task[Any] | None:
         text = (text if text is not None else self.input.toPlainText()).strip()
-        if not text or self.stream_task is not None:
+        if not (text or self.pending) or self.stream_task is not None:
+            return None
+        if self.pending and not self.model_has_vision():
+            self.report(self.attach_btn.toolTip())
             return None
         if self.current is None:
             self.new_conversation()
@@ -311,14 +456,20 @@ class ChatPage(Page):
         self._save_options()
         msgs = self.store.messages(self.current)
         if not any(m.role == "user" for m in msgs):  # name the conversation after its first question
-            self.store.rename(self.current, text[:60])
+            self.store.rename(self.current, text[:60] or "An image")
             self.reload_list()
-        if self.editing is not None:  # edit and resend: the old question and everything after it go
-            self.store.update(self.editing, content=text)
-            self.store.truncate_after(self.current, self.editing)
-            self.editing = None
-        else:
-            self.store.add(self.current, "user", text)
+        try:
+            if self.editing is not None:  # edit and resend: the old question and everything after it go
+                # the edited message keeps its own images; attached ones wait for the next message
+                self.store.update(self.editing, content=text)
+                self.store.truncate_after(self.current, self.editing)
+                self.editing = None
+            else:
+                self.store.add(self.current, "user", text, images=self.pending)
+                self._clear_pending()
+        except SwitchyardError as exc:  # over the image bounds: nothing was sent, the composer keeps it
+            self.report(exc.message)
+            return None
         self.input.clear()
         return self._start_stream(self.current)
 
@@ -329,6 +480,7 @@ class ChatPage(Page):
         if not users:
             self.report("Nothing to regenerate yet: send a message first.")
             return None
+        self._save_options()
         self.store.truncate_after(self.current, users[-1].id)
         return self._start_stream(self.current)
 
@@ -416,6 +568,7 @@ class ChatPage(Page):
         chunks, usage_tokens = 0, None
         last_paint = 0.0
         context_used: int | None = None
+        figures: dict[str, float | int] = {}
         error: str | None = None
         stopped = False
         try:
@@ -423,6 +576,7 @@ class ChatPage(Page):
                 async for delta in deltas:
                     if isinstance(delta, Usage):
                         usage_tokens = delta.completion_tokens
+                        figures = timing_figures(delta.timings) or figures
                         if delta.prompt_tokens is not None and delta.completion_tokens is not None:
                             context_used = delta.prompt_tokens + delta.completion_tokens
                     elif isinstance(delta, Text):
@@ -453,12 +607,13 @@ class ChatPage(Page):
                 "model": conv.model,
                 "context_used": context_used,
                 "context_size": _context_size(self.desk, conv.model),
+                **figures,
             }
             text = self.live["text"] if self.live else ""
             self.store.update(aid, content=text, meta=meta)
             self.live = None
-            if error:
-                self.store.add(cid, "error", error)
+            if error:  # the engine's or gateway's words, with the window's buttons for its commands
+                self.store.add(cid, "error", for_window(error))
             self.show_messages()
         if stopped:
             raise asyncio.CancelledError
@@ -478,6 +633,45 @@ class ChatPage(Page):
                 self.phase.setText(f"{data['model']} is ready; waiting for the first token…")
 
 
+class Composer(QPlainTextEdit):
+    """The message box: a pasted or dropped image (or image file) becomes an attachment, not text."""
+
+    def __init__(self, page: ChatPage) -> None:
+        super().__init__()
+        self.page = page
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return carries_images(source) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        if carries_images(source):
+            self.page.attach_mime(source)
+            if not source.hasText() or source.hasUrls():
+                return  # a file URL's text is its path: not part of the message
+        super().insertFromMimeData(source)
+
+
+class HistoryView(QTextBrowser):
+    """The conversation; `chatimg:ID` images are thumbnails of chat.db's attachments, made once each."""
+
+    def __init__(self, page: ChatPage) -> None:
+        super().__init__()
+        self.page = page
+        self.thumbs: dict[int, QImage] = {}
+
+    def loadResource(self, kind: int, name: QUrl | str) -> Any:
+        name = QUrl(name)
+        if name.scheme() == "chatimg" and name.path().isdigit():
+            aid = int(name.path())
+            if aid not in self.thumbs:
+                try:
+                    self.thumbs[aid] = thumbnail(self.page.store.image(aid).data, 160)
+                except SwitchyardError:
+                    self.thumbs[aid] = QImage()  # deleted meanwhile: an empty picture, not an error
+            return self.thumbs[aid]
+        return super().loadResource(kind, name)
+
+
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 
 
@@ -493,13 +687,22 @@ def with_copy_links(markdown: str, blocks: list[str]) -> str:
 
 
 def _stats(meta: dict[str, Any]) -> str:
+    """The line under a reply: first token, prompt and generation speed (the engine's own figures where it
+    sent `timings`, else measured here), speculative decoding's acceptance, the context used."""
     bits = []
     if meta.get("ttft_s") is not None:
         bits.append(f"first token {meta['ttft_s']:.2f} s")
-    if meta.get("tok_per_s"):
+    if meta.get("prompt_per_s"):
+        bits.append(f"prompt {meta['prompt_per_s']:.1f} tok/s")
+    if meta.get("gen_per_s"):
+        bits.append(f"generation {meta['gen_per_s']:.1f} tok/s")
+    elif meta.get("tok_per_s"):
         bits.append(f"{meta['tok_per_s']:.1f} tok/s")
+    if meta.get("draft_n"):
+        n, a = int(meta["draft_n"]), int(meta.get("draft_accepted") or 0)
+        bits.append(f"draft: accepted {a} of {n} ({100 * a / n:.0f} %)")
     if meta.get("context_used") and meta.get("context_size"):
-        bits.append(f"context {meta['context_used']} of {meta['context_size']} tokens")
+        bits.append(f"context {meta['context_used']} of {meta['context_size']} tokens per request")
     if meta.get("stopped"):
         bits.append("stopped")
     return f"*{' · '.join(bits)}*" if bits else ""

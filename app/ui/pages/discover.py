@@ -1,9 +1,11 @@
 """Discover: search the hub, a model's page (card, license, files by quantization with the fit verdict
-for this machine and its Why), Download buttons and the downloads panel fed by `download.*` events."""
+for this machine and its Why), Download buttons and the downloads panel fed by `download.*` events; and
+the Recommended view (app/ui/recommend_view.py), which it opens on when the library is empty."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -12,9 +14,9 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QTableWidgetItem,
     QTextBrowser,
     QVBoxLayout,
@@ -22,20 +24,24 @@ from PySide6.QtWidgets import (
 )
 
 from app.hub.api import FORMAT_FILTERS, SORTS, SearchQuery
+from app.hub.quant import RepoFile
+from app.hub.selection import pulled_projector
 from app.ui import fmt
+from app.ui.downloads_view import DownloadsPanel
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
+from app.ui.recommend_view import RecommendView
 
-STATE_OF = {
-    "download.queued": "queued",
-    "download.started": "running",
-    "download.progress": "running",
-    "download.resumed": "queued",
-    "download.paused": "paused",
-    "download.cancelled": "cancelled",
-    "download.completed": "completed",
-    "download.failed": "failed",
-}
+# hub tags that say a repository reads images (search hits carry no file list to find a projector in)
+VISION_TAGS = frozenset({"image-text-to-text", "vision", "multimodal", "llava"})
+
+
+def is_vision(hit: dict[str, Any]) -> bool:
+    """A search hit or model page for a model that reads images: it has an mmproj projector, or its tags
+    say so."""
+    if hit.get("projectors"):
+        return True
+    return hit.get("pipeline_tag") == "image-text-to-text" or bool(VISION_TAGS & set(hit.get("tags") or ()))
 
 
 class DiscoverPage(Page):
@@ -59,15 +65,19 @@ class DiscoverPage(Page):
             )
         self.search_btn = QPushButton("Search")
         self.search_btn.clicked.connect(self.search)
+        self.recommended_btn = QPushButton("Recommended")
+        self.recommended_btn.setToolTip("Small models for chat, coding, embeddings and speech that fit here")
+        self.recommended_btn.clicked.connect(self.show_recommendations)
         bar.addWidget(self.query, 1)
         bar.addWidget(self.format)
         bar.addWidget(self.sort)
         bar.addWidget(self.search_btn)
+        bar.addWidget(self.recommended_btn)
         self.root.addLayout(bar)
         self.root.addWidget(self.status)
 
         split = QSplitter(Qt.Orientation.Horizontal)
-        self.results = table(["Model", "Downloads", "Likes", "Updated"])
+        self.results = table(["Model", "Downloads", "Likes", "Updated"], wrap=True)
         self.results.itemSelectionChanged.connect(self._picked)
         self.results_empty = QLabel("Type a few words and press Search. Results show here.")
         left = QWidget()
@@ -84,7 +94,13 @@ class DiscoverPage(Page):
         self.model_title.setWordWrap(True)
         self.model_meta = QLabel("")
         self.model_meta.setWordWrap(True)
-        self.quants = table(["Quantization", "Size", "Fit on this machine", "Max ctx", "", ""], stretch=2)
+        self.quants = table(["Quantization", "Size", "Fit on this machine", "Context", "", ""])
+        ctx_head = self.quants.horizontalHeaderItem(3)
+        assert ctx_head is not None  # set by table() from the headers
+        ctx_head.setToolTip(
+            "Tokens per request (prompt and reply); the engine's total is in each cell's tooltip"
+        )
+        self.quants.setMinimumHeight(120)  # header and three files, even beside a warning line
         self.card = QTextBrowser()
         self.card.setOpenExternalLinks(True)
         rl.addWidget(self.model_title)
@@ -94,22 +110,23 @@ class DiscoverPage(Page):
         split.addWidget(right)
         self.split = split
         self._sized = False
-        self.root.addWidget(split, 3)
+        self.recommend = RecommendView(desk, report=self.report, back=self.show_search)
+        self.views = QStackedWidget()
+        self.views.addWidget(split)
+        self.views.addWidget(self.recommend)
+        self.root.addWidget(self.views, 3)
+        self._first_run_checked = False
 
-        self.root.addWidget(QLabel("<b>Downloads</b>"))
-        self.downloads = table(["Model", "Progress", "Rate", "ETA", "State", "", ""])
-        self.downloads.setMaximumHeight(170)
-        self.downloads.horizontalHeader().setMinimumSectionSize(70)
-        self.root.addWidget(self.downloads, 1)
-        self._rows: dict[str, int] = {}
-        self._jobs: dict[str, dict[str, Any]] = {}
-        self._widgets: dict[str, tuple[QProgressBar, QPushButton, QPushButton]] = {}
+        self.panel = DownloadsPanel(desk, report=self.report)
+        self.root.addWidget(self.panel, 1)
+        self.downloads = self.panel.table
+        # the panel's own dicts (changed in place), under the names the tests and screenshots use
+        self._rows, self._jobs, self._widgets = self.panel.rows, self.panel.jobs, self.panel.widgets
         self.detail: dict[str, Any] | None = None
         self._opening: str | None = None
         self.dialogs: list[ExplainDialog] = []
         self.hits: list[dict[str, Any]] = []
-        for job in desk.runtime.downloads.all_jobs():
-            self._job_update(job.public())
+        self._warned: set[str] = set()  # quantizations that do not fit, warned about once
         desk.bridge.received.connect(self._on_event)
 
     def showEvent(self, event: Any) -> None:
@@ -117,7 +134,25 @@ class DiscoverPage(Page):
         if not self._sized:  # the model's page needs the room; a splitter only knows its size when shown
             self._sized = True
             width = max(self.split.width(), 800)
-            self.split.setSizes([int(width * 0.4), int(width * 0.6)])
+            self.split.setSizes([int(width * 0.36), int(width * 0.64)])
+        # a first run (nothing in the library) opens on recommendations; SWITCHYARD_NO_FIRST_RUN=1 skips
+        # that (the test suite sets it: working the list out measures memory bandwidth and asks the hub)
+        if not self._first_run_checked:
+            self._first_run_checked = True
+            if not self.desk.runtime.catalog.entries() and not os.environ.get("SWITCHYARD_NO_FIRST_RUN"):
+                self.show_recommendations()
+
+    # ---- the two views: search, recommendations ----------------------------------------------------
+    def show_recommendations(self) -> asyncio.Task[Any] | None:
+        """Switch to the Recommended view; the list is worked out on its first showing (Check again
+        redoes it)."""
+        self.views.setCurrentWidget(self.recommend)
+        self.recommend.table.setFocus()
+        return self.recommend.refresh() if self.recommend.doc is None else None
+
+    def show_search(self) -> None:
+        self.views.setCurrentWidget(self.split)
+        self.focus_search()
 
     def focus_search(self) -> None:
         self.query.setFocus()
@@ -125,6 +160,7 @@ class DiscoverPage(Page):
 
     # ---- search -----------------------------------------------------------------------------------
     def search(self) -> None:
+        self.views.setCurrentWidget(self.split)
         q = SearchQuery(
             text=self.query.text().strip() or None,
             format=self.format.currentData(),
@@ -138,9 +174,10 @@ class DiscoverPage(Page):
         page = await asyncio.to_thread(lambda: self.desk.hub.client().search(q))
         self.hits = [h.public() for h in page.hits]
         self.results.setRowCount(len(self.hits))
+        self._forget_model()
         for i, h in enumerate(self.hits):
             cells = [
-                h["id"] + ("  (gated)" if h["gated"] else ""),
+                h["id"] + ("  (gated)" if h["gated"] else "") + ("  (vision)" if is_vision(h) else ""),
                 fmt.count(h["downloads"]),
                 fmt.count(h["likes"]),
                 (h["last_modified"] or "-")[:10],
@@ -155,6 +192,18 @@ class DiscoverPage(Page):
             "No models match; try fewer words or another format." if not self.hits else ""
         )
         self.results_empty.setVisible(not self.hits)
+        # a refill keeps row 0 selected, and a selected row sends no signal when clicked: start from no
+        # selection and no model, so the first click opens the new row and Download cannot fetch the old
+        self.results.clearSelection()
+        self.results.setCurrentCell(-1, -1)
+
+    def _forget_model(self) -> None:
+        self._opening = None
+        self.detail = None
+        self.quants.setRowCount(0)
+        self.card.clear()
+        self.model_meta.setText("")
+        self.model_title.setText("<i>Pick a model on the left to see its files and whether it fits.</i>")
 
     def _picked(self) -> None:
         rows = self.results.selectionModel().selectedRows()
@@ -188,7 +237,8 @@ class DiscoverPage(Page):
             "auto": "gated (automatic approval)",
             "manual": "gated (manual approval)",
         }.get(doc["gated"], "gated")
-        self.model_title.setText(f"<h3 style='margin:0'>{doc['id']}</h3>")
+        vision = " <span style='color:#1565c0'>[vision]</span>" if is_vision(doc) else ""
+        self.model_title.setText(f"<h3 style='margin:0'>{doc['id']}{vision}</h3>")
         self.model_meta.setText(
             f"License: {doc['license'] or 'not stated'} · {gated} · "
             f"{fmt.count(doc['downloads'])} downloads · "
@@ -197,26 +247,48 @@ class DiscoverPage(Page):
         self.card.setMarkdown(doc["card"] or f"*No model card: {doc.get('card_problem') or 'none'}*")
         fit = (doc.get("fit") or {}).get("quantizations") or {}
         quants = doc["quantizations"]
+        proj = pulled_projector([RepoFile(p["path"], p.get("size")) for p in doc["projectors"]], doc["id"])
+        have = self._downloaded(doc["id"])
+        self._warned.clear()
         self.quants.setRowCount(len(quants))
         for i, q in enumerate(quants):
             v = fit.get(q["name"])
             verdict = "checking…" if checking else fmt.verdict(v)
-            cells = [q["name"], fmt.size(q["size"]), verdict, str((v or {}).get("max_ctx") or "-")]
+            per, detail = fmt.context((v or {}).get("max_ctx"), parallel=fmt.parallel_of(v))
+            size, size_tip = self._pulled_size(q, proj)
+            cells = [q["name"], size, verdict, per if v else "-"]
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
-                if v and v.get("summary"):
-                    item.setToolTip(v["summary"])
+                tip = (v or {}).get("summary") or ""
+                item.setToolTip(f"{tip}\nContext: {detail}" if j == 3 and v else size_tip if j == 1 else tip)
                 self.quants.setItem(i, j, item)
             why = QPushButton("Why?")
             why.setEnabled(v is not None)
+            why.setToolTip(f"Why {q['name']} fits or not, device by device")
             why.clicked.connect(lambda _=False, n=q["name"]: self.why(n))
             dl = QPushButton("Download")
             dl.clicked.connect(lambda _=False, n=q["name"], b=dl: self.download(n, b))
+            if q["name"].upper() in have:  # already here: a second copy would only repeat the files
+                dl.setText("In Library")
+                dl.setEnabled(False)
+                dl.setToolTip("Already downloaded: open it on the Library page")
+            elif (v or {}).get("verdict") == "too_large":
+                dl.setText("Download anyway")
+                dl.setToolTip("It does not fit this machine: see Why?")
             self.quants.setCellWidget(i, 4, why)
             self.quants.setCellWidget(i, 5, dl)
         if not quants:
             self.quants.setRowCount(1)
             self.quants.setItem(0, 0, QTableWidgetItem("no GGUF files in this repository"))
+
+    @staticmethod
+    def _pulled_size(q: dict[str, Any], proj: RepoFile | None) -> tuple[str, str]:
+        """What a pull of `q` fetches (its files and the projector beside them), and how that adds up."""
+        if proj is None or q["size"] is None:
+            return fmt.size(q["size"]), ""
+        total = int(q["size"]) + int(proj.size or 0)
+        tip = f"{fmt.size(q['size'])} of weights + {fmt.size(proj.size)} for the vision projector {proj.path}"
+        return fmt.size(total), tip
 
     def why(self, quant: str) -> ExplainDialog | None:
         if not self.detail:
@@ -226,14 +298,44 @@ class DiscoverPage(Page):
         if v is None:
             return None
         doc = {**v, "title": f"{self.detail['id']}:{quant}", "hardware": fit.get("hardware")}
+        if not v.get("fits"):
+            doc["alternatives"] = self.smaller_that_fit(quant)
         dlg = ExplainDialog(doc["title"], doc, self)
         self.dialogs.append(dlg)
         dlg.show()
         return dlg
 
-    def download(self, quant: str, button: QPushButton | None = None) -> asyncio.Task[Any]:
+    def _downloaded(self, repo: str) -> set[str]:
+        """The quantizations of `repo` already in the library (from the hub cache)."""
+        return {
+            (e.quant or "").upper()
+            for e in self.desk.runtime.catalog.entries()
+            if e.origin is not None and e.origin.repo == repo
+        }
+
+    def smaller_that_fit(self, quant: str) -> list[str]:
+        """The other quantizations of the open model that fit here, smallest files first."""
+        doc = self.detail or {}
+        fit = (doc.get("fit") or {}).get("quantizations") or {}
+        size = {q["name"]: int(q["size"] or 0) for q in doc.get("quantizations") or []}
+        ok = [n for n, v in fit.items() if n != quant and (v or {}).get("fits")]
+        return sorted(ok, key=lambda n: size.get(n, 0))
+
+    def download(self, quant: str, button: QPushButton | None = None) -> asyncio.Task[Any] | None:
+        """Queue `quant`. One that does not fit asks first: the first press warns on the page (naming
+        a quantization that fits, where one does), a second press downloads it anyway."""
         assert self.detail is not None
         repo = self.detail["id"]
+        v = ((self.detail.get("fit") or {}).get("quantizations") or {}).get(quant) or {}
+        if v.get("verdict") == "too_large" and quant not in self._warned:
+            self._warned.add(quant)
+            better = self.smaller_that_fit(quant)
+            hint = f" {better[0]} fits: download that instead." if better else ""
+            self.report(
+                f"{repo}:{quant} does not fit this machine (see Why?).{hint} "
+                "Press Download anyway again to fetch it regardless."
+            )
+            return None
         return self.desk.spawn(
             self.desk.runtime.downloads.submit(repo, quant=quant),
             disable=[button] if button else [],
@@ -244,70 +346,18 @@ class DiscoverPage(Page):
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         if not kind.startswith("download."):
             return
-        state = STATE_OF.get(kind)
-        self._job_update({**data, **({"state": state} if state else {})})
+        self.panel.on_event(kind, data)
         if kind == "download.completed":
             self.desk.notify("Download finished", f"{data['repo']} is in the Library")
+            if self.detail is not None and self.detail["id"] == data.get("repo"):
+                self.desk.spawn(self._mark_downloaded(data["repo"]), report=self.report)
         elif kind == "download.failed":
             self.desk.notify("Download failed", f"{data['repo']}: {data.get('error')}", warn=True)
 
-    def _job_update(self, job: dict[str, Any]) -> None:
-        jid = job["id"]
-        merged = {**self._jobs.get(jid, {}), **job}
-        if "selector" not in merged:  # events carry progress; the job itself knows what was asked for
-            try:
-                merged["selector"] = self.desk.runtime.downloads.get(jid).selector
-            except Exception:  # forgotten meanwhile (cancelled): show it without
-                merged["selector"] = None
-        self._jobs[jid] = merged
-        if jid not in self._rows:
-            row = self.downloads.rowCount()
-            self.downloads.insertRow(row)
-            self._rows[jid] = row
-            bar = QProgressBar()
-            bar.setRange(0, 1000)
-            bar.setMinimumWidth(200)
-            self.downloads.setCellWidget(row, 1, bar)
-            pause = QPushButton("Pause")
-            pause.clicked.connect(lambda _=False, j=jid: self.pause_resume(j))
-            cancel = QPushButton("Cancel")
-            cancel.clicked.connect(lambda _=False, j=jid: self.cancel(j))
-            self.downloads.setCellWidget(row, 5, pause)
-            self.downloads.setCellWidget(row, 6, cancel)
-            self._widgets[jid] = (bar, pause, cancel)
-        row = self._rows[jid]
-        total, done = merged.get("bytes_total") or 0, merged.get("bytes_done") or 0
-        bar, pause, cancel = self._widgets[jid]
-        bar.setValue(int(1000 * done / total) if total else 0)
-        bar.setFormat(f"{fmt.size(done)} of {fmt.size(total)}")
-        state = merged.get("state", "queued")
-        active = state in ("queued", "running")
-        rate = merged.get("rate_bps") or 0
-        label = f"{merged['repo']}" + (f":{merged['selector']}" if merged.get("selector") else "")
-        text_state = state if not merged.get("error") else f"{state}: {merged['error']}"
-        for j, c in (
-            (0, label),
-            (2, f"{fmt.size(rate)}/s" if active and rate else "-"),
-            (3, fmt.duration(merged.get("eta_s")) if active else "-"),
-            (4, text_state),
-        ):
-            item = QTableWidgetItem(c)
-            item.setToolTip(c)
-            self.downloads.setItem(row, j, item)
-        pause.setText("Pause" if active else "Resume")
-        pause.setEnabled(state in ("queued", "running", "paused", "failed"))
-        cancel.setEnabled(state not in ("completed", "cancelled"))
+    async def _mark_downloaded(self, repo: str) -> None:
+        await asyncio.to_thread(self.desk.runtime.catalog.scan)  # the new files, for "In Library"
+        if self.detail is not None and self.detail["id"] == repo:
+            self._show_detail(self.detail, checking=False)
 
     def job_state(self, job_id: str) -> str:
-        return str(self._jobs.get(job_id, {}).get("state"))
-
-    def pause_resume(self, job_id: str) -> None:
-        dm = self.desk.runtime.downloads
-        try:
-            job = dm.get(job_id)
-            dm.pause(job_id) if job.state in ("queued", "running") else dm.resume(job_id)
-        except Exception as exc:  # a job that vanished meanwhile: say so
-            self.report(getattr(exc, "message", str(exc)))
-
-    def cancel(self, job_id: str) -> None:
-        self.desk.spawn(self.desk.runtime.downloads.cancel(job_id), report=self.report)
+        return self.panel.job_state(job_id)

@@ -3,68 +3,16 @@ with each loaded lane's share listed."""
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
-from PySide6.QtCore import QPointF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPen, QPolygonF
-from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QGridLayout, QLabel
 
 from app.ui import fmt
+from app.ui.charts import GIB, Graph, LaneHistory
 from app.ui.pages import Page
 
 HISTORY = 120  # samples (two minutes at 1 Hz)
-
-
-class Graph(QWidget):
-    """A 0-100 % line over the last HISTORY samples."""
-
-    def __init__(self, title: str, color: str) -> None:
-        super().__init__()
-        self.title, self.color = title, QColor(color)
-        self.values: deque[float] = deque(maxlen=HISTORY)
-        self.caption = ""
-        self.setMinimumHeight(130)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-
-    def sizeHint(self) -> QSize:
-        return QSize(400, 160)
-
-    def add(self, percent: float, caption: str) -> None:
-        self.values.append(max(0.0, min(100.0, percent)))
-        self.caption = caption
-        self.update()
-
-    def paintEvent(self, _: Any) -> None:
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        r = self.rect().adjusted(1, 20, -1, -1)
-        p.fillRect(r, self.palette().base())
-        grid = QPen(self.palette().mid().color())
-        grid.setStyle(Qt.PenStyle.DotLine)
-        p.setPen(grid)
-        for frac in (0.25, 0.5, 0.75):
-            y = r.bottom() - r.height() * frac
-            p.drawLine(r.left(), int(y), r.right(), int(y))
-        p.setPen(self.palette().text().color())
-        p.drawText(
-            self.rect().adjusted(2, 0, -2, 0),
-            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-            f"{self.title}  {self.caption}",
-        )
-        if len(self.values) >= 2:
-            step = r.width() / (HISTORY - 1)
-            x0 = r.right() - step * (len(self.values) - 1)
-            pts = [
-                QPointF(x0 + i * step, r.bottom() - r.height() * v / 100) for i, v in enumerate(self.values)
-            ]
-            p.setPen(QPen(self.color, 2))
-            p.drawPolyline(QPolygonF(pts))
-        elif not self.values:
-            p.drawText(r, Qt.AlignmentFlag.AlignCenter, "waiting for the first sample…")
-        p.setPen(self.palette().mid().color())
-        p.drawRect(r)
-        p.end()
 
 
 class HardwarePage(Page):
@@ -78,10 +26,16 @@ class HardwarePage(Page):
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.root.addWidget(self.summary)
         self.grid = QGridLayout()
-        self.cpu = Graph("CPU", "#1e88e5")
-        self.ram = Graph("RAM", "#43a047")
+        self.cpu = Graph("CPU", unit="%", series=[("busy", "#1e88e5")], maximum=100, span=HISTORY)
+        self.ram = Graph(
+            "RAM", unit="GiB", series=[("in use", "#43a047"), ("by lanes", "#fb8c00")], span=HISTORY
+        )
+        # generation speed of every lane together, from the server's `request.done` events
+        self.speed = Graph("Generation", unit="tok/s", series=[("all lanes", "#e53935")], span=HISTORY)
+        self.history = LaneHistory(span=HISTORY)
         self.grid.addWidget(self.cpu, 0, 0)
         self.grid.addWidget(self.ram, 0, 1)
+        self.grid.addWidget(self.speed, 1, 0)
         self.gpus: dict[int, Graph] = {}
         self.root.addLayout(self.grid, 1)
         self.shares = QLabel()
@@ -111,28 +65,27 @@ class HardwarePage(Page):
         self.summary.setText("<br>".join(lines))
 
     def _on_event(self, kind: str, d: dict[str, Any]) -> None:
+        if kind == "request.done" and d.get("output_tokens"):
+            self.history.add_request("all", tokens=int(d["output_tokens"]), seconds=float(d["seconds"]))
         if kind != "hardware.sample":
             return
         if d.get("cpu_percent") is not None:
-            self.cpu.add(float(d["cpu_percent"]), f"{d['cpu_percent']:.0f} %")
+            self.cpu.add(float(d["cpu_percent"]), latest=[f"{d['cpu_percent']:.0f} %"])
+        lanes = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
+        held = sum(_rss(s) for s in lanes)
         total = d.get("ram_total") or 0
         if total:
             used = d.get("ram_used") or 0
-            self.ram.add(100 * used / total, f"{fmt.size(used)} of {fmt.size(total)}")
-        for i, g in enumerate(d.get("gpus") or []):
-            idx = int(g.get("index", i))
-            graph = self.gpus.get(idx)
-            if graph is None:
-                graph = self.gpus[idx] = Graph(f"GPU {idx} memory", "#8e24aa")
-                n = len(self.gpus) + 1
-                self.grid.addWidget(graph, n // 2, n % 2)
-            mt = g.get("memory_total") or 0
-            if mt:
-                graph.add(
-                    100 * (g.get("memory_used") or 0) / mt,
-                    f"{fmt.size(g.get('memory_used'))} of {fmt.size(mt)}",
-                )
-        lanes = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
+            self.ram.maximum = total / GIB
+            self.ram.add(
+                used / GIB,
+                held / GIB,
+                caption=f"{fmt.size(used)} of {fmt.size(total)}",
+                latest=[fmt.size(used), fmt.size(held) if held else "none"],
+            )
+        self._gpus(d.get("gpus") or [])
+        self.speed.set_line(0, self.history.rates("all")[-HISTORY:] or [0.0])
+        self.speed.latest[0] = f"{self.speed.values[0][-1]:.1f} tok/s" if self.speed.values[0] else ""
         parts = []
         for s in lanes:
             m: Any = s.get("measured") or {}
@@ -140,3 +93,24 @@ class HardwarePage(Page):
                 f"{s['model']}: {fmt.size(m.get('rss_bytes')) if m.get('rss_bytes') else 'measuring'} RAM"
             )
         self.shares.setText("Loaded lanes: " + ("; ".join(parts) if parts else "none"))
+
+    def _gpus(self, samples: list[dict[str, Any]]) -> None:
+        for i, g in enumerate(samples):
+            idx = int(g.get("index", i))
+            mt = g.get("memory_total") or 0
+            graph = self.gpus.get(idx)
+            if graph is None:
+                name = f"GPU {idx} memory"
+                graph = self.gpus[idx] = Graph(name, unit="GiB", series=[("in use", "#8e24aa")], span=HISTORY)
+                n = len(self.gpus) + 2  # after CPU, RAM and Generation
+                self.grid.addWidget(graph, n // 2, n % 2)
+            if mt:
+                graph.maximum = mt / GIB
+                used = g.get("memory_used") or 0
+                graph.add(used / GIB, caption=f"{fmt.size(used)} of {fmt.size(mt)}", latest=[fmt.size(used)])
+
+
+def _rss(snap: dict[str, Any]) -> int:
+    """The lane's resident memory now (engine and its children), 0 while not yet measured."""
+    m = snap.get("measured")
+    return int(m.get("rss_bytes") or 0) if isinstance(m, dict) else 0

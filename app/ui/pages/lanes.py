@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import html
 import time
+from functools import partial
 from typing import Any
 
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTableWidgetItem
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QTableWidgetItem,
+    QWidget,
+)
 
 from app.ui import fmt
+from app.ui.charts import LaneHistory, Sparkline
 from app.ui.engines_view import EnginesPanel
 from app.ui.pages import Page, table
+
+STRIP_SECONDS = 300  # the lanes' strips show the last five minutes
 
 
 class LanesPage(Page):
@@ -24,7 +36,7 @@ class LanesPage(Page):
     def __init__(self, desk: Any) -> None:
         super().__init__(desk)
         self.table = table(
-            ["Model", "State", "Engine", "PID", "Port", "Memory", "Uptime", "Error"], stretch=7
+            ["Model", "State", "Engine", "PID", "Port", "Memory", "Context", "Uptime", "Error"], stretch=8
         )
         self.table.itemSelectionChanged.connect(self.show_log)
         row = QHBoxLayout()
@@ -38,12 +50,24 @@ class LanesPage(Page):
         self.root.addLayout(row)
         self.root.addWidget(self.status)
         self.root.addWidget(self.table, 1)
+        # per lane: tokens per second and memory over the last minutes (history fed by events below)
+        self.history = LaneHistory(span=STRIP_SECONDS)
+        self.strips = QWidget()
+        self.strips_grid = QGridLayout(self.strips)
+        self.strips_grid.setContentsMargins(0, 0, 0, 0)
+        self.strips_grid.setVerticalSpacing(2)
+        self.strip_models: list[str] = []
+        self.root.addWidget(self.strips)
         self.empty = QLabel("No lanes yet: load a model on the Library page, or send a chat message.")
         self.root.addWidget(self.empty)
         # remote endpoints are lanes too, run elsewhere: their state comes from `remote.*` events
         self.remotes = QLabel()
         self.remotes.setWordWrap(True)
         self.root.addWidget(self.remotes)
+        # conversations saved when llama.cpp lanes stopped (app/lanes/bank.py), restored when they return
+        self.bank = QLabel()
+        self.bank.setWordWrap(True)
+        self.root.addWidget(self.bank)
         self.engines = EnginesPanel(desk, report=self.report)
         self.root.addWidget(self.engines, 2)
         self.root.addWidget(QLabel("<b>Log of the selected lane</b>"))
@@ -56,10 +80,19 @@ class LanesPage(Page):
         desk.bridge.received.connect(self._on_event)
         self.refresh()
         self.show_remotes()
+        self.show_bank()
 
-    def _on_event(self, kind: str, _data: Any) -> None:
+    def _on_event(self, kind: str, data: Any) -> None:
+        if kind == "request.done" and data.get("output_tokens") and data.get("model"):
+            self.history.add_request(
+                str(data["model"]), tokens=int(data["output_tokens"]), seconds=float(data["seconds"])
+            )
+        elif kind == "hardware.sample":
+            self.record_memory()
         if kind.startswith("lane."):
             self.refresh()
+            if kind == "lane.state":
+                self.show_bank()  # a stopping lane has just saved its conversations
         elif kind.startswith("remote."):
             self.show_remotes()
         elif kind == "hardware.sample" and self.isVisible():
@@ -73,20 +106,21 @@ class LanesPage(Page):
         self.ids = [str(s["id"]) for s in snaps]
         self.table.setRowCount(len(snaps))
         for i, s in enumerate(snaps):
-            measured: Any = s.get("measured") or {}
-            mem = measured.get("rss_bytes") if isinstance(measured, dict) else None
             up = (
                 time.time() - float(str(s["started_at"]))
                 if s.get("started_at") and s["state"] == "ready"
                 else None
             )
+            busy = int(str(s.get("in_flight") or 0))
+            state = f"generating ({busy})" if s["state"] == "ready" and busy else str(s["state"])
             cells = [
                 s["model"],
-                s["state"],
+                state,
                 str(s.get("runtime") or s.get("engine")),
                 str(s.get("pid") or "-"),
                 str(s.get("port") or "-"),
-                fmt.size(mem) if mem else "-",
+                _memory(s),
+                _context(s),
                 fmt.duration(up),
                 str(s.get("error") or ""),
             ]
@@ -97,6 +131,56 @@ class LanesPage(Page):
             if s["id"] == keep:
                 self.table.selectRow(i)
         self.empty.setVisible(not snaps)
+        self.show_strips([str(s["model"]) for s in snaps if s["state"] == "ready"])
+
+    def record_memory(self) -> None:
+        """One memory reading per ready lane per hardware tick (visible or not: the strip keeps its past)."""
+        ready = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
+        for s in ready:
+            used = _memory_bytes(s)
+            if used:
+                self.history.add_memory(str(s["model"]), used)
+        self.history.forget({str(s["model"]) for s in ready})
+
+    def show_strips(self, models: list[str]) -> None:
+        """A row per ready lane; rebuilt only when the set of lanes changes (the lines repaint each tick)."""
+        if models == self.strip_models:
+            for line in self.strips.findChildren(Sparkline):
+                line.update()
+            return
+        self.strip_models = models
+        while (item := self.strips_grid.takeAt(0)) is not None:
+            if (w := item.widget()) is not None:
+                w.deleteLater()
+        if models:
+            head = QLabel(f"<b>Last {STRIP_SECONDS // 60} minutes</b>: generation speed and memory per lane")
+            self.strips_grid.addWidget(head, 0, 0, 1, 3)
+        for row, model in enumerate(models, start=1):
+            self.strips_grid.addWidget(QLabel(model), row, 0)
+            speed = Sparkline(partial(self.history.rates, model), color="#e53935", label=_rate)
+            memory = Sparkline(partial(self.history.memory, model), color="#fb8c00", label=_bytes)
+            self.strips_grid.addWidget(speed, row, 1)
+            self.strips_grid.addWidget(memory, row, 2)
+        self.strips_grid.setColumnStretch(1, 1)
+        self.strips_grid.setColumnStretch(2, 1)
+        self.strips.setVisible(bool(models))
+
+    def show_bank(self) -> None:
+        from app.lanes.bank import MIB, bank_summary
+
+        settings = self.desk.runtime.settings
+        if not settings.session_bank:
+            self.bank.setText("Session bank: off (Settings: session_bank).")
+            return
+        summary = bank_summary(
+            self.desk.runtime.paths.home, budget_bytes=settings.session_bank_budget_mib * MIB
+        )
+        n = len(summary["checkpoints"])
+        self.bank.setText(
+            f"Session bank: {n} saved conversation{'s' if n != 1 else ''}, "
+            f"{fmt.size(summary['bytes'])} of {fmt.size(summary['budget_bytes'])}: a model swapped back in "
+            "picks its conversations up where they were."
+        )
 
     def show_remotes(self) -> None:
         remotes = getattr(self.desk.runtime, "remotes", None)
@@ -153,3 +237,38 @@ class LanesPage(Page):
                 await self.desk.runtime.supervisor.load(mid)
 
             self.desk.spawn(again(), disable=[self.restart_btn], report=self.report)
+
+
+def _memory(row: dict[str, Any]) -> str:
+    """The footprint residency plans with: measured at the last load's settle, else the plan's prediction."""
+    fp = row.get("footprint")
+    if isinstance(fp, dict) and fp.get("total"):
+        return f"{fmt.size(int(fp['total']))} ({fp.get('source')})"
+    measured = row.get("measured")
+    rss = measured.get("rss_bytes") if isinstance(measured, dict) else None
+    return fmt.size(rss) if rss else "-"
+
+
+def _rate(v: float) -> str:
+    return f"{v:.1f} tok/s"
+
+
+def _bytes(v: float) -> str:
+    return fmt.size(int(v))
+
+
+def _memory_bytes(row: dict[str, Any]) -> int:
+    """What the lane holds now: its resident memory, else the footprint residency plans with."""
+    measured = row.get("measured")
+    rss = measured.get("rss_bytes") if isinstance(measured, dict) else None
+    if rss:
+        return int(rss)
+    fp = row.get("footprint")
+    return int(fp.get("total") or 0) if isinstance(fp, dict) else 0
+
+
+def _context(row: dict[str, Any]) -> str:
+    """The window and how the engine's context memory is known ("runtime-managed" for MLX)."""
+    ctx, capacity = row.get("ctx"), row.get("capacity")
+    window = f"{ctx} tokens" if ctx else "default"
+    return f"{window}, {capacity}" if capacity else window

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QDesktopServices, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -16,10 +16,13 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QTableWidgetItem,
+    QWidget,
 )
 
 from app.core.errors import ModelInUseError
+from app.hub.update_check import read_updates
 from app.library.importer import import_model
 from app.library.listing import listing
 from app.library.remove import remove_model
@@ -67,8 +70,9 @@ class LibraryPage(Page):
         self.table.doubleClicked.connect(lambda _: self.chat())
         self.root.addWidget(self.table, 1)
         self.tune = TunePanel(desk)
-        self.root.addWidget(self.tune)
+        self.root.addWidget(_sideways(self.tune))
         self.table.itemSelectionChanged.connect(self._selection_changed)
+        self._enable(False)
         self.empty = QLabel(
             "No models yet. Find one on the Discover page, drop a .gguf file here, or press Import…"
         )
@@ -76,11 +80,16 @@ class LibraryPage(Page):
         self.root.addWidget(self.empty)
         self.rows: list[dict[str, Any]] = []
         self.dialogs: list[ExplainDialog] = []
+        # models the server's update check found a newer revision for (docs/jobs.md#update-checks)
+        found = read_updates(desk.runtime.paths.home / "updates.json").get("updates") or []
+        self.updates: set[str] = {u["model"] for u in found if u.get("available")}
         desk.bridge.received.connect(self._on_event)
         self.refresh()
 
     def _on_event(self, kind: str, _data: Any) -> None:
-        if kind in ("download.completed", "lane.state", "library.changed"):
+        if kind == "model.update_available":
+            self.updates.add(str(_data.get("model")))
+        if kind in ("download.completed", "lane.state", "library.changed", "model.update_available"):
             self.refresh()
 
     # ---- listing ----------------------------------------------------------------------------------
@@ -107,9 +116,11 @@ class LibraryPage(Page):
                     chosen = (doc.get("decision") or {}).get("lane")
                     d["lane_text"] = title(chosen) if chosen else "none"
                     fit = doc.get("fit") or {}
-                    v = {
+                    v = {  # predicted (calibrated, else a range) beside measured, as explain shows them
                         "verdict": fit.get("verdict"),
-                        "tokens_per_s": (fit.get("chosen") or {}).get("tokens_per_s"),
+                        "tokens_per_s": doc.get("tokens_per_s"),
+                        "tokens_per_s_range": doc.get("tokens_per_s_range"),
+                        "measured_tokens_per_s": doc.get("measured_tokens_per_s"),
                     }
                     d["fit_text"] = fmt.verdict(v) if fit else (doc.get("fit_problem") or "-")
                 except Exception as exc:  # one unreadable model must not hide the others
@@ -133,7 +144,8 @@ class LibraryPage(Page):
                 d["fit_text"],
                 str(lane.state) if lane and str(lane.state) != "stopped" else "no",
                 fmt.ago(d.get("last_used_at")),
-                origin.get("repo") or d.get("source") or "-",
+                (origin.get("repo") or d.get("source") or "-")
+                + (" (update available)" if d["id"] in self.updates else ""),
             ]
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
@@ -156,6 +168,13 @@ class LibraryPage(Page):
         rows = self.table.selectionModel().selectedRows()
         item = self.table.item(rows[0].row(), 0) if rows else None
         self.tune.show_model(str(item.data(Qt.ItemDataRole.UserRole)) if item else None)
+        self._enable(item is not None)
+
+    def _enable(self, picked: bool) -> None:
+        """The buttons that act on the selected model are off while none is selected."""
+        for name, b in self.buttons.items():
+            if name != "Import…":
+                b.setEnabled(picked)
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
@@ -233,13 +252,17 @@ class LibraryPage(Page):
             )
         return job
 
-    def show_in_folder(self) -> None:
+    def show_in_folder(self) -> Path | None:
         mid = self.selected()
         if mid is None:
-            return
+            return None
         entry = self.desk.runtime.catalog.get(mid, allow_broken=True)
         folder = entry.path if entry.path.is_dir() else entry.path.parent
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            # no file manager here (a bare desktop, a server): the path, to copy, is the next best thing
+            QGuiApplication.clipboard().setText(str(folder))
+            self.report(f"No file manager answered; the folder is {folder} (copied to the clipboard).")
+        return folder
 
     def delete(self, model_id: str | None = None, *, confirm: bool = True) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
@@ -302,3 +325,15 @@ class LibraryPage(Page):
 def _quant(d: dict[str, Any]) -> str | None:
     facts = d.get("facts") or {}
     return facts.get("file_type") or facts.get("quant")
+
+
+def _sideways(panel: QWidget) -> QScrollArea:
+    """The panel at its own height, scrolled sideways where the window is narrower than it (a 1024-px
+    screen), instead of widening the whole window."""
+    area = QScrollArea()
+    area.setWidget(panel)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    area.setMinimumHeight(panel.sizeHint().height() + area.horizontalScrollBar().sizeHint().height())
+    return area

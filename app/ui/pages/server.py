@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.core.errors import BadRequestError, SettingsError
 from app.core.secrets import KeyStore
+from app.lanes.request_defaults import ModelLimits, model_limits
 from app.server import auth
 from app.ui.pages import Page, table
 
@@ -139,10 +141,24 @@ class ServerPage(Page):
         self.copy_fp.setEnabled(material is not None)
         url = base or f"http://127.0.0.1:{self.desk.runtime.settings.port}/v1"
         model = (self.desk.runtime.catalog.ids() or ["MODEL"])[0]
-        text = _snippets(url, model)
+        text = _snippets(url, model, limits=self._request_limits(model))
         if material is not None:
             text = _tls_note(str(material.cert), material.fingerprint) + text
         self.snippet.setPlainText(text)
+
+    def _request_limits(self, model: str) -> ModelLimits:
+        """What one request may use on `model`: its context over the engine's parallel slots, the output cap
+        a request without max_tokens gets, and tools where its template takes them; 2048 tokens where no
+        plan is known."""
+        rt = self.desk.runtime
+        try:
+            found = rt.explain_brief(model) if model != "MODEL" else None
+        except Exception:  # a model that cannot be planned: the snippet still shows
+            found = None
+        chosen = found.fit.chosen if found is not None and found.fit is not None else None
+        slot = chosen.params.ctx_size // max(1, chosen.params.parallel) if chosen is not None else 2048
+        template = found.facts.chat_template if found is not None and found.facts is not None else None
+        return model_limits(model, rt.settings, slot_ctx=slot, chat_template=template)
 
     def start_stop(self) -> asyncio.Task[Any]:
         srv = self.desk.server
@@ -157,19 +173,34 @@ class ServerPage(Page):
         self.clear_report()
 
         async def move() -> None:
-            await srv.stop()
+            wanted = srv.wanted  # a server the user stopped stays stopped; it listens there when started
+            await srv.stop(keep_wanted=True)
             srv.port = port
             try:
                 _save_setting(self.desk.paths.settings_file, "port", port)
             except (OSError, SettingsError) as exc:
                 self.report(getattr(exc, "message", str(exc)))
-            await srv.start()
+            try:
+                if wanted:
+                    await srv.start()
+                else:
+                    where = f"port {port}" if port else "any free port"
+                    self.desk.notify("Port saved", f"The server will listen on {where} when you press Start.")
+            finally:
+                self.refresh_state()  # the button says what the server does now, event or not
 
         return self.desk.spawn(move(), disable=[self.port_btn, self.toggle], report=self.report)
 
-    def copy_url(self) -> None:
-        if self.desk.server.url:
-            QGuiApplication.clipboard().setText(self.desk.server.url + "/v1")
+    def copy_url(self) -> str | None:
+        """Copy the /v1 base URL; the button says so for two seconds."""
+        if not self.desk.server.url:
+            return None
+        url = self.desk.server.url + "/v1"
+        QGuiApplication.clipboard().setText(url)
+        self.copy.setText("Copied")
+        # the button is the timer's context: deleted with the window (quit), the timer never fires
+        QTimer.singleShot(2000, self.copy, lambda: self.copy.setText("Copy base URL"))
+        return url
 
     def copy_fingerprint(self) -> None:
         if self.desk.server.tls is not None:
@@ -255,7 +286,10 @@ class ServerPage(Page):
             self.log.removeRow(self.log.rowCount() - 1)
 
 
-def _snippets(url: str, model: str) -> str:
+def _snippets(url: str, model: str, *, limits: ModelLimits) -> str:
+    ctx, out, tools = limits.context, limits.max_output, limits.tools
+    caps = "\n    capabilities: [tool_use]" if tools else ""
+    flag = "true" if tools else "false"
     return f"""# Python, openai client
 from openai import OpenAI
 client = OpenAI(base_url="{url}", api_key="local")  # a key from the API keys tab if one is required
@@ -266,7 +300,8 @@ print(reply.choices[0].message.content)
 curl {url}/chat/completions -H 'Content-Type: application/json' \\
   -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
-# editors: an "OpenAI-compatible" provider with base URL {url} and model {model}
+# editors: an "OpenAI-compatible" provider with base URL {url} and model {model};
+# {ctx} tokens per request, answers capped at {out} tokens unless a request asks otherwise
 # Continue (~/.continue/config.yaml):
 models:
   - name: {model} (Switchyard)
@@ -274,10 +309,18 @@ models:
     model: {model}
     apiBase: {url}
     apiKey: local   # or a key from the API keys tab
+    defaultCompletionOptions: {{contextLength: {ctx}, maxTokens: {out}}}{caps}
 
 # Zed (settings.json):
-"language_models": {{"openai": {{"api_url": "{url}",
-  "available_models": [{{"name": "{model}", "max_tokens": 8192}}]}}}}
+"language_models": {{"openai_compatible": {{"Switchyard": {{"api_url": "{url}",
+  "available_models": [{{"name": "{model}", "max_output_tokens": {out},
+    "capabilities": {{"tools": {flag}, "images": false, "parallel_tool_calls": false}},
+    "max_tokens": {ctx}}}]}}}}}}
+
+# VS Code (Chat: Open Language Models (JSON)):
+[{{"name": "Switchyard", "vendor": "customoai", "apiKey": "local",
+  "models": [{{"id": "{model}", "name": "{model}", "url": "{url}/chat/completions",
+    "toolCalling": {flag}, "vision": false, "maxInputTokens": {ctx - out}, "maxOutputTokens": {out}}}]}}]
 """
 
 

@@ -1,7 +1,9 @@
 """Settings: models folders, context/TTL/max lanes, Hugging Face token, mirror/proxy, start server with app.
 
-Saved into settings.json (other keys kept; checked the way the server checks them); the Runtime reads its
-settings at start, so changes apply on the next start, which the page says."""
+Only the keys the user changed are merged into settings.json (other keys kept; checked the way the server
+checks them), then applied to the running Runtime at once (`Runtime.change_settings`): a new hub, TTL or
+lane limit needs no restart, a context change restarts only the lanes it touches, and the page says what
+happened."""
 
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ from PySide6.QtWidgets import (
 from app.core.errors import SettingsError
 from app.core.secrets import Secret
 from app.core.settings_file import set_settings
+from app.hub.config import DEFAULT_ENDPOINT, hub_config
 from app.ui import autostart
 from app.ui.pages import Page
 
 
 class SettingsPage(Page):
     title = "Settings"
-    hint = "Changes are saved to settings.json in the data folder and apply the next time Switchyard starts."
+    hint = "Changes are saved to settings.json in the data folder and apply at once where they can."
 
     def __init__(self, desk: Any) -> None:
         super().__init__(desk)
@@ -52,7 +55,8 @@ class SettingsPage(Page):
         self.max_lanes.setRange(1, 16)
         self.max_lanes.setValue(s.max_loaded_lanes)
         self.endpoint = QLineEdit(s.hf_endpoint or "")
-        self.endpoint.setPlaceholderText("https://huggingface.co (default) or a mirror")
+        self.hub_in_use = QLabel("")
+        self.show_hub()
         self.proxy = QLineEdit(s.hf_proxy or "")
         self.proxy.setPlaceholderText("none, e.g. http://proxy:3128")
         self.start_server = QCheckBox("Start the local API server when Switchyard opens")
@@ -69,6 +73,7 @@ class SettingsPage(Page):
         form.addRow("Unload idle models after", self.ttl)
         form.addRow("Models loaded at once", self.max_lanes)
         form.addRow("Hugging Face mirror", self.endpoint)
+        form.addRow("", self.hub_in_use)
         form.addRow("Proxy", self.proxy)
         self.theme = QComboBox()
         self.theme.addItems(["system", "light", "dark"])
@@ -78,6 +83,7 @@ class SettingsPage(Page):
         form.addRow("Theme", self.theme)
         form.addRow("", self.start_server)
         form.addRow("", self.login)
+        self._safety_rows(form, s.policy)
         self.root.addLayout(form)
         self.save_btn = QPushButton("Save settings")
         self.save_btn.clicked.connect(self.save)
@@ -109,6 +115,53 @@ class SettingsPage(Page):
         self.root.addWidget(self.status)
         self.root.addStretch(1)
         self._shown = self.values()  # what the page showed: only what differs from it is saved
+        self.applying: asyncio.Task[Any] | None = None  # the last save's apply to the running Runtime
+
+    def _safety_rows(self, form: QFormLayout, policy: dict[str, Any]) -> None:
+        """The Safety section (docs/safety.md): the policy's switches; judges come from `switchyard guard`."""
+        self._policy_base = dict(policy)
+        self.safety_on = QCheckBox("Judge requests and answers with a safety model")
+        self.safety_on.setChecked(bool(policy.get("enabled")))
+        self.safety_judge = QComboBox()
+        self.safety_judge.addItems(["request", "answer", "both"])
+        self.safety_judge.setCurrentText(str(policy.get("judge", "request")))
+        self.safety_fail = QComboBox()
+        self.safety_fail.addItems(["open", "closed"])
+        self.safety_fail.setCurrentText(str(policy.get("fail", "open")))
+        self.safety_controversial = QComboBox()
+        self.safety_controversial.addItems(["safe", "unsafe"])
+        self.safety_controversial.setCurrentText(str(policy.get("controversial", "safe")))
+        for box in (self.safety_judge, self.safety_fail, self.safety_controversial):
+            box.setMaximumWidth(220)
+        judges = ", ".join(str(j.get("model")) for j in policy.get("judges", []) if isinstance(j, dict))
+        self.safety_judges = QLabel(
+            f"Judges: {judges}" if judges else "No judge yet: run `switchyard guard enable qwen3guard-0.6b`"
+        )
+        form.addRow(QLabel("<b>Safety</b>"))
+        form.addRow("", self.safety_on)
+        form.addRow("Judge each", self.safety_judge)
+        form.addRow("When no judge answers, fail", self.safety_fail)
+        form.addRow("Controversial counts as", self.safety_controversial)
+        form.addRow("", self.safety_judges)
+
+    def _policy_value(self) -> dict[str, Any]:
+        if not self._policy_base and not self.safety_on.isChecked():
+            return {}  # no policy, and none asked for: nothing to write
+        return {
+            **self._policy_base,
+            "enabled": self.safety_on.isChecked(),
+            "judge": self.safety_judge.currentText(),
+            "fail": self.safety_fail.currentText(),
+            "controversial": self.safety_controversial.currentText(),
+        }
+
+    def show_hub(self) -> None:
+        """The hub in use and where it comes from: the setting, HF_ENDPOINT, or the default."""
+        s = self.desk.runtime.settings
+        used = hub_config(s).endpoint
+        source = "this setting" if s.hf_endpoint else "HF_ENDPOINT" if used != DEFAULT_ENDPOINT else "default"
+        self.endpoint.setPlaceholderText(f"{used} ({source}); or a mirror")
+        self.hub_in_use.setText(f"Hub in use: {used} ({source})")
 
     def values(self) -> dict[str, Any]:
         dirs = [d.strip() for d in self.models_dirs.text().split(";") if d.strip()]
@@ -120,6 +173,7 @@ class SettingsPage(Page):
             "hf_endpoint": self.endpoint.text().strip() or None,
             "hf_proxy": self.proxy.text().strip() or None,
             "start_server_with_app": self.start_server.isChecked(),
+            "policy": self._policy_value(),
         }
 
     def save(self) -> bool:
@@ -135,8 +189,17 @@ class SettingsPage(Page):
             self.report(exc.message)
             return False
         self._shown = values
-        self.saved.setText("Saved. Quit and reopen Switchyard to apply.")
+        self.saved.setText("Saved; applying…" if changed else "Nothing changed.")
+        if changed:
+            self.applying = self.desk.spawn(self._apply(changed), disable=[self.save_btn], report=self.report)
         return True
+
+    async def _apply(self, changed: dict[str, Any]) -> None:
+        change = await self.desk.runtime.change_settings(changed)
+        self.show_hub()
+        waits = change.needs_server_restart
+        tail = f" Restart the server for: {', '.join(waits)}." if waits else ""
+        self.saved.setText(f"Saved and applied ({change.note()}).{tail}")
 
     def set_theme(self, choice: str) -> None:
         """Applies at once; kept in ui.json."""

@@ -1,18 +1,21 @@
-"""Per-model context / GPU layers / KV cache with the fit recomputed as they change (Library page).
+"""Per-model context / parallel slots / GPU layers / KV cache / flash attention, with the fit recomputed as
+they change, beside the plan the model runs with now (Library page).
 
-A setting that does not fit is refused with the largest context that does; one that fits is saved as the
-model's `model_overrides` entry in settings.json (applied the next time Switchyard starts)."""
+A setting that does not fit is refused with the largest context that does; one that fits is saved into the
+model's `model_overrides` entry in settings.json (only the values the user changed) and applied at once:
+the model's lane, if loaded, restarts alone with them (`Runtime.set_overrides`)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox
+from PySide6.QtWidgets import QComboBox, QGridLayout, QGroupBox, QLabel, QPushButton, QSpinBox
 
 from app.core.errors import SettingsError
-from app.core.settings import KV_TYPES, load_settings
+from app.core.settings import FLASH_ATTN, KV_TYPES, load_settings
 from app.core.settings_file import update_settings
+from app.core.speculation import SPEC_TYPES
 from app.routing.engines import LANES
 
 if TYPE_CHECKING:
@@ -26,7 +29,7 @@ class TunePanel(QGroupBox):
         self.model: str | None = None
         self.result: dict[str, Any] | None = None
         self._task: asyncio.Task[Any] | None = None
-        lay = QHBoxLayout(self)
+        lay = QGridLayout(self)
         self.ctx = QSpinBox()
         self.ctx.setRange(0, 1 << 28)
         self.ctx.setSingleStep(1024)
@@ -37,6 +40,20 @@ class TunePanel(QGroupBox):
         self.gpu_layers.setSpecialValueText("automatic")
         self.kv = QComboBox()
         self.kv.addItems(list(KV_TYPES))
+        self.parallel = QSpinBox()
+        self.parallel.setRange(1, 256)
+        self.flash = QComboBox()
+        self.flash.addItems(list(FLASH_ATTN))
+        self.spec = QComboBox()  # speculative decoding's type; its knobs stay in settings.json
+        self.spec.addItems(list(SPEC_TYPES))
+        self.spec.setToolTip(
+            "Speculative decoding (llama.cpp): ngram pays on output that repeats its context; draft uses "
+            "a smaller model with the same tokenizer"
+        )
+        self._spec_knobs: dict[str, Any] = {}  # the shown model's speculative knobs (draft, n_max ...)
+        self._spec_type = "off"
+        self._shown: dict[str, Any] = {}  # the values shown for the model: only those changed are saved
+        self.applying: asyncio.Task[Any] | None = None  # the last save's apply to the running Runtime
         self.lane = QComboBox()
         self.lane.addItem("automatic", None)
         for name in LANES:
@@ -47,27 +64,50 @@ class TunePanel(QGroupBox):
         self.verdict.setWordWrap(True)
         self.save_btn = QPushButton("Save for this model")
         self.save_btn.clicked.connect(self.save)
-        for label, w in (
+        # two rows of label + control pairs, the verdict under them: fits a 1024-px window
+        pairs = (
             ("Context", self.ctx),
+            ("Slots", self.parallel),
             ("GPU layers", self.gpu_layers),
             ("KV cache", self.kv),
+            ("Flash attention", self.flash),
+            ("Speculation", self.spec),
             ("Lane", self.lane),
-        ):
-            lay.addWidget(QLabel(label))
-            lay.addWidget(w)
-        lay.addWidget(self.verdict, 1)
-        lay.addWidget(self.save_btn)
+        )
+        for i, (label, w) in enumerate(pairs):
+            row, col = divmod(i, 4)
+            lay.addWidget(QLabel(label), row, 2 * col)
+            lay.addWidget(w, row, 2 * col + 1)
+        lay.addWidget(self.save_btn, 1, 6, 1, 2)
+        lay.addWidget(self.verdict, 2, 0, 1, 9)
+        lay.setColumnStretch(8, 1)  # an empty last column takes the room left: the controls keep their size
         self.ctx.valueChanged.connect(lambda _: self.recompute())
         self.gpu_layers.valueChanged.connect(lambda _: self.recompute())
         self.kv.currentIndexChanged.connect(lambda _: self.recompute())
+        self.parallel.valueChanged.connect(lambda _: self.recompute())
+        self.flash.currentIndexChanged.connect(lambda _: self.recompute())
+        self.spec.currentIndexChanged.connect(lambda _: self.recompute())
         self.setEnabled(False)
 
     def values(self) -> dict[str, Any]:
         return {
             "ctx_size": self.ctx.value(),
+            "parallel": self.parallel.value(),
             "gpu_layers": self.gpu_layers.value(),
             "kv_type": self.kv.currentText(),
+            "flash_attn": self.flash.currentText(),
+            "speculative": self._speculative(),
         }
+
+    def _speculative(self) -> dict[str, Any]:
+        kind = self.spec.currentText()
+        # the saved knobs belong to the saved type: another type starts from the engine's defaults
+        knobs = self._spec_knobs if kind == self._spec_type else {}
+        return {**knobs, "type": kind}
+
+    def changed(self) -> dict[str, Any]:
+        """The values that differ from those shown for the model: what a save writes and applies."""
+        return {k: v for k, v in self.values().items() if v != self._shown.get(k)}
 
     def show_model(self, model_id: str | None) -> None:
         self.model = model_id
@@ -76,13 +116,23 @@ class TunePanel(QGroupBox):
             return
         s = self.desk.runtime.settings
         over = _overrides(self.desk).get(model_id, {})
-        for w in (self.ctx, self.gpu_layers, self.kv):
+        widgets = (self.ctx, self.parallel, self.gpu_layers, self.kv, self.flash, self.spec)
+        for w in widgets:
             w.blockSignals(True)
         self.ctx.setValue(int(over.get("ctx_size", s.ctx_size)))
+        self.parallel.setValue(int(over.get("parallel", s.parallel)))
         self.gpu_layers.setValue(int(over.get("gpu_layers", s.gpu_layers)))
         self.kv.setCurrentText(str(over.get("kv_type", s.kv_type)))
-        for w in (self.ctx, self.gpu_layers, self.kv):
+        self.flash.setCurrentText(str(over.get("flash_attn", s.flash_attn)))
+        raw_spec = over.get("speculative")
+        spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+        # the saved knobs travel with the type shown (the older shape, a draft without a type, too)
+        self._spec_knobs = {k: v for k, v in spec.items() if k != "type"}
+        self._spec_type = str(spec.get("type", "draft" if "draft" in spec else "off"))
+        self.spec.setCurrentText(self._spec_type)
+        for w in widgets:
             w.blockSignals(False)
+        self._shown = self.values()
         pinned = self.desk.runtime.pins.get(model_id)
         self.lane.setCurrentIndex(max(self.lane.findData(pinned), 0))
         self.recompute()
@@ -98,16 +148,21 @@ class TunePanel(QGroupBox):
         return self._task
 
     async def _compute(self, mid: str, values: dict[str, Any]) -> None:
-        found = await self.desk.runtime.explain(mid, overrides=values)
+        rt = self.desk.runtime
+        found = await rt.explain(mid, overrides=values)
         fit = found.fit.public() if found.fit else None
-        self.result = {"values": values, "fit": fit, "problem": found.fit_problem}
+        # the plan before: what the model runs with now, shown beside the new one when they differ
+        now = await rt.explain(mid) if values != self._shown else found
+        before = now.fit.public() if now.fit else None
+        self.result = {"values": values, "fit": fit, "before": before, "problem": found.fit_problem}
+        was = f" (now: {before['summary']})" if before and fit and before["summary"] != fit["summary"] else ""
         if fit is None:
             self.verdict.setText(found.fit_problem or "no memory estimate for this model")
         elif fit["fits"]:
-            self.verdict.setText(f"<span style='color:#2e7d32'>Fits</span>: {fit['summary']}")
+            self.verdict.setText(f"<span style='color:#2e7d32'>Fits</span>: {fit['summary']}{was}")
         else:
             self.verdict.setText(
-                f"<span style='color:#c62828'>Does not fit</span>: {fit['summary']}. {_largest(fit)}"
+                f"<span style='color:#c62828'>Does not fit</span>: {fit['summary']}. {_largest(fit)}{was}"
             )
 
     def pin(self, lane: str | None) -> asyncio.Task[Any] | None:
@@ -136,7 +191,10 @@ class TunePanel(QGroupBox):
         if fit is not None and not fit["fits"]:
             self.verdict.setText(f"Not saved: these settings do not fit. {_largest(fit)}")
             return False
-        model, values = self.model, self.values()
+        model, values = self.model, self.changed()
+        if not values:
+            self.verdict.setText("Nothing changed for this model.")
+            return True
 
         def merge(raw: dict[str, Any]) -> None:
             over = dict(raw.get("model_overrides") or {})
@@ -149,8 +207,21 @@ class TunePanel(QGroupBox):
         except SettingsError as exc:
             self.verdict.setText(exc.message)
             return False
-        self.verdict.setText(f"Saved for {self.model}; used the next time Switchyard starts.")
+        self._shown = self.values()
+        self.verdict.setText(f"Saved for {model}; applying…")
+        self.applying = self.desk.spawn(
+            self._apply(model, values), disable=[self.save_btn], report=self.verdict.setText
+        )
         return True
+
+    async def _apply(self, model: str, values: dict[str, Any]) -> None:
+        change = await self.desk.runtime.set_overrides(model, values)
+        if model in change.failed:
+            self.verdict.setText(f"Saved for {model}, but its lane did not restart: {change.failed[model]}")
+        elif model in change.restarted:
+            self.verdict.setText(f"Saved for {model}; its lane restarted with {change.restarted[model]}.")
+        else:
+            self.verdict.setText(f"Saved for {model}; used from its next start (it is not loaded now).")
 
 
 def _largest(fit: dict[str, Any]) -> str:

@@ -1,0 +1,35 @@
+"""Flags several command groups share, and the plain-text table they print."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeAlias
+
+# what each group's register() is given
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def models_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models-dir",
+        action="append",
+        type=Path,
+        dest="models_dirs",
+        metavar="DIR",
+        help="folder of models (repeatable; default $SWITCHYARD_HOME/models)",
+    )
+
+
+def api_key_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", help="key for a server that requires one (default: $SWITCHYARD_API_KEY)")
+
+
+def table(rows: Sequence[Sequence[str]], *, pad_last: bool = False) -> None:
+    """Columns two spaces apart; the last one is left ragged unless `pad_last` (then lines are stripped)."""
+    last = len(rows[0]) if pad_last else len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(last)]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)]
+        print(("  ".join(cells)).rstrip() if pad_last else "  ".join(cells) + "  " + r[-1])

@@ -1,0 +1,386 @@
+"""The job registry: downloads, engine installs, updates and eval runs as one list of jobs of the server.
+
+A Job has an id, a kind, a title, a state (queued, running, completed, failed, cancelled), named steps
+with progress, its start and end, and its error or result. Work of this process runs through `run()` (an
+asyncio task the registry owns, cancellable); work another part already runs (the download manager, the
+engine installs) is mirrored with `track()` and moved by its adapter (app/server/job_sources.py).
+
+Every move is published once on the bus as `job.queued`, `job.started`, `job.progress`, `job.completed`,
+`job.failed` or `job.cancelled`, with the job's public form (its kind as `job_kind`). Finished jobs (the
+newest KEEP_FINISHED) are kept in `<home>/jobs.json`, so a restarted server still lists them. `guard`
+names a subject ("update:org/repo") only one active job may hold at a time: a second one is a 409 saying
+which job holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from app.core import statefile
+from app.core.errors import ConflictError, NotFoundError, SwitchyardError
+from app.core.events import EventBus
+
+log = logging.getLogger(__name__)
+KEEP_FINISHED = 50
+
+
+class JobKind(StrEnum):
+    DOWNLOAD = "download"
+    ENGINE_INSTALL = "engine_install"
+    UPDATE = "update"
+    EVAL = "eval"
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+_EVENTS = {s: f"job.{s.value}" for s in JobState} | {JobState.RUNNING: "job.started"}
+
+
+class JobNotFoundError(NotFoundError):
+    code = "job_not_found"
+
+
+class JobBusyError(ConflictError):
+    code = "job_busy"
+
+
+class JobNotCancellableError(ConflictError):
+    code = "job_not_cancellable"
+
+
+@dataclass
+class Step:
+    name: str
+    done: int = 0
+    total: int | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "done": self.done, "total": self.total}
+
+
+@dataclass
+class Job:
+    id: str
+    kind: JobKind
+    title: str
+    subject: str | None = None  # the repository, model or engine the job is about
+    source: str | None = None  # the id the wrapped part knows it by (a download id, an engine job id)
+    state: JobState = JobState.QUEUED
+    steps: list[Step] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    guard: str | None = None
+
+    @property
+    def progress(self) -> float | None:
+        """The last step's fraction done (None when its total is unknown)."""
+        step = self.steps[-1] if self.steps else None
+        if step is None or not step.total:
+            return None
+        return min(1.0, step.done / step.total)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "title": self.title,
+            "subject": self.subject,
+            "source": self.source,
+            "state": self.state.value,
+            "steps": [s.public() for s in self.steps],
+            "progress": self.progress,
+            "started": self.started,
+            "ended": self.ended,
+            "error": self.error,
+            "result": self.result,
+        }
+
+    @classmethod
+    def restore(cls, doc: dict[str, Any]) -> Job:
+        steps = [Step(s["name"], int(s.get("done") or 0), s.get("total")) for s in doc.get("steps") or []]
+        return cls(
+            id=str(doc["id"]),
+            kind=JobKind(doc["kind"]),
+            title=str(doc.get("title") or ""),
+            subject=doc.get("subject"),
+            source=doc.get("source"),
+            state=JobState(doc["state"]),
+            steps=steps,
+            started=float(doc.get("started") or 0),
+            ended=doc.get("ended"),
+            error=doc.get("error"),
+            result=doc.get("result"),
+        )
+
+
+class JobHandle:
+    """What a job's work is given: `step(name, done=, total=)` reports progress."""
+
+    def __init__(self, registry: JobRegistry, job: Job) -> None:
+        self._registry, self.job = registry, job
+
+    def step(self, name: str, *, done: int = 0, total: int | None = None) -> None:
+        self._registry.step(self.job, name, done=done, total=total)
+
+
+Work = Callable[[JobHandle], Awaitable[dict[str, Any]]]
+Cancel = Callable[[], Awaitable[Any]]
+
+
+class JobRegistry:
+    """Owned by the server (an async context manager): the jobs, their tasks and jobs.json."""
+
+    def __init__(self, *, bus: EventBus, state_file: Path, keep: int = KEEP_FINISHED) -> None:
+        self.bus = bus
+        self.state_file = state_file
+        self.keep = keep
+        self._jobs: dict[str, Job] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancels: dict[str, Cancel] = {}
+        self._ended: dict[str, asyncio.Event] = {}
+        self._writes: set[asyncio.Future[None]] = set()
+
+    async def __aenter__(self) -> JobRegistry:
+        for job in await asyncio.to_thread(self._load):
+            self._jobs.setdefault(job.id, job)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for job in self._jobs.values():  # mirrored work stops with the server (downloads resume later)
+            if job.state not in TERMINAL and job.kind is not JobKind.DOWNLOAD:
+                self.settle(job, JobState.CANCELLED, error="the server stopped")
+        await asyncio.gather(*self._writes, return_exceptions=True)  # the last write must be the newest
+        await asyncio.to_thread(self._write, self._finished())
+
+    # ---- reading -----------------------------------------------------------------------------------
+    def all(self) -> list[Job]:
+        """Every job, newest first."""
+        return sorted(self._jobs.values(), key=lambda j: j.started, reverse=True)
+
+    def get(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job {job_id!r}; `switchyard jobs` lists them", param="id")
+        return job
+
+    def by_source(self, source: str) -> Job | None:
+        return next((j for j in self._jobs.values() if j.source == source), None)
+
+    def holder(self, guard: str) -> Job | None:
+        """The active job holding `guard`, if any."""
+        return next((j for j in self._jobs.values() if j.guard == guard and j.state not in TERMINAL), None)
+
+    # ---- creating ----------------------------------------------------------------------------------
+    def check_free(self, guard: str) -> None:
+        """JobBusyError (409) naming the active job that holds `guard`, if one does."""
+        if (busy := self.holder(guard)) is not None:
+            raise JobBusyError(
+                f"{busy.title} is already running as job {busy.id}; wait for it "
+                f"(`switchyard jobs follow {busy.id}`) or cancel it, then try again",
+                param="id",
+            )
+
+    def _new(
+        self, kind: JobKind, title: str, *, subject: str | None, source: str | None, guard: str | None
+    ) -> Job:
+        if guard is not None:
+            self.check_free(guard)
+        job = Job(id=f"job-{secrets.token_hex(4)}", kind=kind, title=title, subject=subject, source=source)
+        job.guard = guard
+        self._jobs[job.id] = job
+        self._ended[job.id] = asyncio.Event()
+        self._publish(job, "job.queued")
+        return job
+
+    def run(
+        self, kind: JobKind, title: str, work: Work, *, subject: str | None = None, guard: str | None = None
+    ) -> Job:
+        """Start `work` as a job of this process; its returned dict is the result, its error the error."""
+        job = self._new(kind, title, subject=subject, source=None, guard=guard)
+        self._tasks[job.id] = asyncio.create_task(self._drive(job, work), name=f"job {job.id}")
+        return job
+
+    def track(
+        self,
+        kind: JobKind,
+        title: str,
+        *,
+        source: str,
+        subject: str | None = None,
+        cancel: Cancel | None = None,
+        guard: str | None = None,
+    ) -> Job:
+        """Mirror work another part runs (once per source): its adapter moves it with start/step/settle.
+        `guard` is held, not checked: the work already runs."""
+        known = self.by_source(source)
+        if known is not None:
+            return known
+        job = self._new(kind, title, subject=subject, source=source, guard=None)
+        job.guard = guard
+        if cancel is not None:
+            self._cancels[job.id] = cancel
+        return job
+
+    async def _drive(self, job: Job, work: Work) -> None:
+        self.start(job)
+        try:
+            result = await work(JobHandle(self, job))
+        except asyncio.CancelledError:
+            self.settle(job, JobState.CANCELLED, error="cancelled")
+            raise
+        except SwitchyardError as exc:
+            self.settle(job, JobState.FAILED, error=exc.message)
+        except Exception as exc:  # a job never ends silently: it says what went wrong
+            log.exception("job %s failed", job.id)
+            self.settle(job, JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.settle(job, JobState.COMPLETED, result=result)
+        finally:
+            self._tasks.pop(job.id, None)
+
+    # ---- moving ------------------------------------------------------------------------------------
+    def start(self, job: Job) -> None:
+        if job.state is JobState.QUEUED:
+            job.state = JobState.RUNNING
+            self._publish(job, "job.started")
+
+    def requeue(self, job: Job) -> None:
+        """A paused download: back to queued until it runs again."""
+        if job.state is JobState.RUNNING:
+            job.state = JobState.QUEUED
+            self._publish(job, "job.queued")
+
+    def step(self, job: Job, name: str, *, done: int = 0, total: int | None = None) -> None:
+        if job.state in TERMINAL:
+            return
+        self.start(job)
+        if job.steps and job.steps[-1].name == name:
+            job.steps[-1].done, job.steps[-1].total = done, total
+        else:
+            job.steps.append(Step(name, done, total))
+        self._publish(job, "job.progress")
+
+    def settle(
+        self,
+        job: Job,
+        state: JobState,
+        *,
+        error: str | None = None,
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        """The one ending of a job: it moves once to a terminal state, published and saved."""
+        if job.state in TERMINAL or state not in TERMINAL:
+            return
+        job.state, job.error, job.result, job.ended = state, error, result, time.time()
+        self._cancels.pop(job.id, None)
+        self._publish(job, _EVENTS[state])
+        if (ended := self._ended.get(job.id)) is not None:
+            ended.set()
+        self._save_soon()
+
+    async def cancel(self, job_id: str) -> Job:
+        """Stop a job where its kind allows (409 otherwise, or when it has already ended)."""
+        job = self.get(job_id)
+        if job.state in TERMINAL:
+            raise JobNotCancellableError(f"job {job_id} has already {job.state.value}", param="id")
+        task, cancel = self._tasks.get(job_id), self._cancels.get(job_id)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        elif cancel is not None:
+            await cancel()
+            self.settle(job, JobState.CANCELLED, error="cancelled")
+        else:
+            raise JobNotCancellableError(
+                f"a {job.kind.value} job cannot be stopped half-way; wait for it to end", param="id"
+            )
+        return job
+
+    async def wait(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if job.state not in TERMINAL:
+            await self._ended.setdefault(job_id, asyncio.Event()).wait()
+        return job
+
+    # ---- events and the file -----------------------------------------------------------------------
+    def _publish(self, job: Job, kind: str) -> None:
+        data = job.public()
+        data["job_kind"] = data.pop("kind")  # `kind` is the event's own name on the bus
+        self.bus.publish(kind, **data)
+
+    def _save_soon(self) -> None:
+        finished = self._finished()  # read on the loop; only the write goes to a thread
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write(finished)
+            return
+        write = loop.run_in_executor(None, self._write, finished)
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+
+    def _finished(self) -> list[dict[str, Any]]:
+        done = [j for j in self.all() if j.state in TERMINAL]
+        return [j.public() for j in done[: self.keep]]
+
+    def _write(self, finished: list[dict[str, Any]]) -> None:
+        try:
+            statefile.update(self.state_file, lambda _old: {"jobs": finished})
+        except OSError as exc:  # the list is a convenience: a full disk must not fail the job itself
+            log.warning("could not save %s: %s", self.state_file, exc)
+
+    def _load(self) -> list[Job]:
+        text = statefile.read_text(self.state_file)
+        if text is None:
+            return []
+        out = []
+        try:
+            docs = json.loads(text).get("jobs") or []
+        except (ValueError, AttributeError):
+            log.warning("%s is not a jobs file; starting with no finished jobs", self.state_file)
+            return []
+        for doc in docs:
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                out.append(Job.restore(doc))
+        return out
+
+
+def read_finished(state_file: Path) -> list[dict[str, Any]]:
+    """The finished jobs a server saved (for `switchyard jobs` when no server runs), newest first."""
+    text = statefile.read_text(state_file)
+    if text is None:
+        return []
+    try:
+        docs = json.loads(text).get("jobs") or []
+    except (ValueError, AttributeError):
+        return []
+    return [d for d in docs if isinstance(d, dict)]

@@ -1,0 +1,253 @@
+"""Which llama.cpp runtime a lane starts on: docker, podman, bin, path or xllamacpp, tried in order.
+
+`runtime = "auto"` tries `runtime_order` (docker, podman, bin, path, xllamacpp by default) and takes the
+first that can run here; any other value tries that one alone. `SWITCHYARD_RUNTIME` overrides the setting.
+Every step passed over keeps its reason (no docker daemon, no GPU runtime, no asset for this platform,
+not downloaded, offline), so doctor and `engine ls` say why, and the lane start logs it.
+
+Nothing here downloads or pulls: `bin` counts only once its release is in the engines folder
+(`pull_only`, run by `switchyard serve --pull-only`), so a request never waits on an engine download.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import SettingsError
+from app.core.paths import Paths
+from app.core.settings import RUNTIME_ORDER, RUNTIMES, Settings
+from app.hardware.build_choice import Backend, backend_for
+from app.hardware.model import Hardware
+from app.hardware.probe import probe
+from app.lanes.llamacpp import find_llama_server, xllamacpp_available
+from app.lanes.release_fetch import Installed, ReleaseFetcher, ReleaseSpec, load_releases, platform_key
+
+ENV_VAR = "SWITCHYARD_RUNTIME"
+CONTAINER_CLIS = ("docker", "podman")
+LLAMA_SERVER = "llama-server"
+Which = Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One runtime considered: chosen when `skipped` is None, else the reason it was passed over."""
+
+    runtime: str
+    skipped: str | None
+
+    def public(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "skipped": self.skipped}
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The runtime chosen (None: none can run), the build it runs, and every step in the order tried."""
+
+    runtime: str | None
+    build: str | None  # cpu, cuda12, cuda13, rocm, vulkan, metal; None where unknown (a binary on PATH)
+    why: str
+    steps: tuple[Step, ...]
+    binary: str | None = None  # bin, path
+    image: str | None = None  # docker, podman
+
+    def refusal(self) -> str:
+        tried = "; ".join(f"{s.runtime}: {s.skipped}" for s in self.steps if s.skipped)
+        return f"no llama.cpp runtime can start here ({tried})"
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "runtime": self.runtime,
+            "build": self.build,
+            "why": self.why,
+            "binary": self.binary,
+            "image": self.image,
+            "steps": [s.public() for s in self.steps],
+        }
+
+
+def runtime_setting(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The runtime asked for: SWITCHYARD_RUNTIME when set, else the setting."""
+    value = (env if env is not None else os.environ).get(ENV_VAR, "").strip()
+    if not value:
+        return settings.runtime
+    if value not in RUNTIMES:
+        raise SettingsError(f"{ENV_VAR}={value!r} is not a runtime; use one of {', '.join(RUNTIMES)}")
+    return value
+
+
+def runtime_order(settings: Settings, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The runtimes to try, in order; `llama-server` is the older name of `path`."""
+    wanted = runtime_setting(settings, env)
+    if wanted == "auto":
+        return tuple(r.strip() for r in settings.runtime_order.split(",") if r.strip() in RUNTIME_ORDER)
+    return ("path",) if wanted == "llama-server" else (wanted,)
+
+
+def llama_release() -> ReleaseSpec:
+    return load_releases()[LLAMA_SERVER]
+
+
+def fetcher_for(settings: Settings) -> ReleaseFetcher:
+    return ReleaseFetcher(Paths.from_env().home / "engines", offline=settings.offline)
+
+
+def _tag(settings: Settings) -> str | None:
+    return settings.llama_cpp_version or None
+
+
+def machine_now(hardware: Hardware | None) -> Hardware:
+    """The snapshot given, else a light probe of the GPUs (no llama.cpp, no bandwidth: milliseconds), so
+    a listing without a snapshot names the same build a start would."""
+    return hardware if hardware is not None else probe(engine=False)
+
+
+def _container_gpu_problem(cli: str, build: str, info: str) -> str | None:
+    """Why this container engine cannot reach the GPU for `build`, or None."""
+    if build.startswith("cuda"):
+        cdi = any(Path(p).exists() for p in ("/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml"))
+        if "nvidia" not in info and not cdi:
+            return (
+                f"no GPU runtime: {cli} has no NVIDIA runtime or CDI spec (install nvidia-container-toolkit)"
+            )
+    if build == "rocm" and not Path("/dev/kfd").exists():
+        return "no GPU runtime: /dev/kfd is missing (install the ROCm kernel driver)"
+    if build == "vulkan" and not Path("/dev/dri").exists():
+        return "no GPU runtime: /dev/dri is missing"
+    return None
+
+
+def container_info(cli: str, binary: str) -> str | None:
+    """`CLI info` as text when the daemon answers (the runtimes it lists included), else None."""
+    try:
+        done = subprocess.run(
+            [binary, "info", "--format", "{{json .}}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _try_container(
+    cli: str, backend: Backend, *, auto: bool, which: Which, tag: str | None
+) -> tuple[str | None, str | None]:
+    """(image, None) when `cli` can run llama.cpp's image for this backend, else (None, reason)."""
+    found = which(cli)
+    if found is None:
+        return None, f"{cli} is not on PATH"
+    if backend.build == "metal":
+        return None, "containers cannot reach Metal on macOS"
+    if auto and backend.build == "cpu":
+        return None, "CPU build: the binary or the wheel runs it without a container"
+    info = container_info(cli, found)
+    if info is None:
+        return None, f"no {cli} daemon answers (`{cli} info` failed)"
+    if (problem := _container_gpu_problem(cli, backend.build, info.lower())) is not None:
+        return None, problem
+    image = llama_release().image_for(backend.build, tag=tag)
+    if image is None:
+        return None, f"no llama.cpp image for the {backend.build} build"
+    return image, None
+
+
+def _try_bin(
+    backend: Backend, hardware: Hardware, *, fetcher: ReleaseFetcher, tag: str | None
+) -> tuple[Installed | None, str | None]:
+    spec = llama_release()
+    key = platform_key(hardware.os, hardware.arch, backend.build)
+    if spec.asset(key, tag=tag) is None:
+        return None, f"no asset for this platform ({key}) in llama.cpp {tag or spec.tag}"
+    hit = fetcher.newest_cached(spec, key=key) if tag == "latest" else fetcher.cached(spec, key=key, tag=tag)
+    if hit is None:
+        offline = "; offline" if fetcher.offline else ""
+        pull = "run `switchyard serve --pull-only`"
+        return None, f"llama.cpp {tag or spec.tag} ({key}) is not downloaded{offline}: {pull}"
+    return hit, None
+
+
+def choose_runtime(
+    settings: Settings,
+    hardware: Hardware | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    which: Which = shutil.which,
+    fetcher: ReleaseFetcher | None = None,
+) -> RuntimeChoice:
+    """The first runtime in order that can start llama.cpp here, with every step's reason."""
+    order = runtime_order(settings, env)
+    auto = runtime_setting(settings, env) == "auto"
+    hardware = machine_now(hardware)
+    backend = backend_for(hardware)
+    fetcher = fetcher or fetcher_for(settings)
+    tag = _tag(settings)
+    steps: list[Step] = []
+    for rt in order:
+        if rt in CONTAINER_CLIS:
+            image, why = _try_container(rt, backend, auto=auto, which=which, tag=tag)
+            if image is not None:
+                steps.append(Step(rt, None))
+                return RuntimeChoice(rt, backend.build, backend.reason, tuple(steps), image=image)
+        elif rt == "bin":
+            hit, why = _try_bin(backend, hardware, fetcher=fetcher, tag=tag)
+            if hit is not None:
+                steps.append(Step(rt, None))
+                why_bin = f"{backend.reason}; llama.cpp {hit.tag} release asset {hit.asset}"
+                return RuntimeChoice(rt, backend.build, why_bin, tuple(steps), binary=str(hit.binary))
+        elif rt == "path":
+            binary = find_llama_server(settings)
+            where = f"at {settings.llama_server_path}" if settings.llama_server_path else "on PATH"
+            why = None if binary else f"no executable llama-server {where}"
+            if binary is not None:
+                steps.append(Step(rt, None))
+                return RuntimeChoice(rt, None, f"{binary}, as it was built", tuple(steps), binary=binary)
+        else:  # xllamacpp
+            why = None if xllamacpp_available() else "xllamacpp is not installed (`pip install xllamacpp`)"
+            if why is None:
+                steps.append(Step(rt, None))
+                build = "cpu"  # the PyPI wheel is a CPU build
+                lost = "" if backend.build == "cpu" else f" (this machine could run {backend.build})"
+                return RuntimeChoice(rt, build, f"the xllamacpp wheel is a CPU build{lost}", tuple(steps))
+        steps.append(Step(rt, why))
+    return RuntimeChoice(None, None, "nothing can run llama.cpp here", tuple(steps))
+
+
+def pull_only(
+    settings: Settings,
+    hardware: Hardware | None,
+    *,
+    fetcher: ReleaseFetcher | None = None,
+    tag: str | None = None,
+) -> list[str]:
+    """Fetch the llama.cpp release the `bin` runtime would run (`serve --pull-only`); lines to print.
+
+    `tag` (`engine update --latest` passes "latest") wins over llama_cpp_version. Does nothing when `bin`
+    is not among the runtimes to try. Errors (offline, no asset, a bad digest) raise, so the command exits
+    non-zero and says what to do; a failed update leaves the release already there in use."""
+    if "bin" not in runtime_order(settings):
+        return [f"runtime {runtime_setting(settings)!r} does not use a downloaded llama.cpp: nothing to pull"]
+    hardware = machine_now(hardware)
+    backend = backend_for(hardware)
+    key = platform_key(hardware.os, hardware.arch, backend.build)
+    got = (fetcher or fetcher_for(settings)).fetch(llama_release(), key=key, tag=tag or _tag(settings))
+    return [f"llama.cpp {got.tag} ({key}, {backend.reason}): {got.binary} (sha256 {got.sha256[:12]}…)"]
+
+
+def doctor_rows(settings: Settings, hardware: Hardware | None) -> list[dict[str, Any]]:
+    """One row per runtime in the order tried: chosen, skipped with its reason, or not reached."""
+    choice = choose_runtime(settings, hardware)
+    seen = {s.runtime: s for s in choice.steps}
+    rows = []
+    for rt in runtime_order(settings):
+        step = seen.get(rt)
+        state = "not tried" if step is None else ("chosen" if step.skipped is None else "skipped")
+        rows.append({"runtime": rt, "state": state, "reason": step.skipped if step else None})
+    return rows

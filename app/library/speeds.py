@@ -1,0 +1,267 @@
+"""Measured speeds in library.db: prompt and generation tokens/s per model, lane and device, from the
+engine's own `timings` (llama.cpp's `prompt_per_second` / `predicted_per_second`), and the calibration of
+the speed model they give this machine (docs/fit.md#speed).
+
+The gateway hands each finished answer's last bytes to `SpeedRecorder.note` once; the parse is small and
+runs on the event loop, the SQLite write runs in a worker thread. A row keeps the median of its last
+RECENT answers, so one answer slowed by a busy machine barely moves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.errors import LibraryError
+from app.fit.plan import BANDWIDTH_BOUND_BYTES, SpeedCalibration, bandwidth_bound
+from app.library.store import Library
+
+log = logging.getLogger("switchyard.speeds")
+RECENT = 9
+MIN_TOKENS = 4  # fewer generated tokens time the first token's set-up, not the generation rate
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One model on one lane and device: medians of its recent answers; `bytes_per_token` from its plan."""
+
+    model_id: str
+    lane: str
+    device: str
+    prompt_tps: float | None
+    gen_tps: float
+    bytes_per_token: int | None
+    samples: int
+    at: float
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "lane": self.lane,
+            "device": self.device,
+            "prompt_tokens_per_s": self.prompt_tps,
+            "tokens_per_s": self.gen_tps,
+            "samples": self.samples,
+            "at": self.at,
+        }
+
+
+@dataclass(frozen=True)
+class LoadKey:
+    """Where a model runs now, as the recorder files its answers: the lane, the device of its placement,
+    the plan's bytes per token, and which load this is (its first answer is not counted)."""
+
+    lane: str
+    device: str
+    bytes_per_token: int | None
+    load: object
+
+
+def timings_from(data: bytes) -> tuple[float | None, float, int] | None:
+    """(prompt tok/s, generation tok/s, generated tokens) from the last `"timings"` object in `data`; None
+    when there is none or it timed fewer than MIN_TOKENS generated tokens."""
+    at = data.rfind(b'"timings":')
+    if at < 0:
+        return None
+    try:
+        t, _ = _DECODER.raw_decode(data[at + 10 : at + 4096].decode("utf-8", "replace").lstrip())
+    except ValueError:
+        return None
+    if not isinstance(t, dict):
+        return None
+    gen, n, prompt = t.get("predicted_per_second"), t.get("predicted_n"), t.get("prompt_per_second")
+    if not isinstance(gen, int | float) or not isinstance(n, int) or n < MIN_TOKENS or gen <= 0:
+        return None
+    pps = float(prompt) if isinstance(prompt, int | float) and not isinstance(prompt, bool) else 0.0
+    return (pps if pps > 0 else None), float(gen), n
+
+
+def _num(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+class SpeedStore:
+    """The `speeds` table of library.db. Errors are LibraryError with what to do; a corrupt library.db is
+    set aside and rebuilt when it is opened (app/library/db.py), which starts the measurements afresh."""
+
+    def __init__(self, library: Library) -> None:
+        self.library = library
+
+    def record(
+        self,
+        model_id: str,
+        *,
+        key: LoadKey,
+        prompt_tps: float | None,
+        gen_tps: float,
+        at: float | None = None,
+    ) -> Speed:
+        try:
+            with self.library.db.transaction() as tx:
+                row = tx.execute(
+                    "SELECT samples, recent FROM speeds WHERE model_id = ? AND lane = ? AND device = ?",
+                    (model_id, key.lane, key.device),
+                ).fetchone()
+                recent = _recent(row["recent"]) if row else []
+                recent = [*recent, [prompt_tps, gen_tps]][-RECENT:]
+                speed = _speed_of(
+                    model_id, key, recent, (row["samples"] if row else 0) + 1, at or time.time()
+                )
+                tx.execute(
+                    "INSERT OR REPLACE INTO speeds(model_id, lane, device, prompt_tps, gen_tps, "
+                    "bytes_per_token, samples, recent, at) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (
+                        model_id,
+                        key.lane,
+                        key.device,
+                        speed.prompt_tps,
+                        speed.gen_tps,
+                        key.bytes_per_token,
+                        speed.samples,
+                        json.dumps(recent),
+                        speed.at,
+                    ),
+                )
+        except sqlite3.Error as exc:
+            raise LibraryError(
+                f"could not record the measured speed of {model_id!r} in {self.library.path} ({exc}); "
+                "if another program holds the file, close it; the next answer is recorded again"
+            ) from exc
+        return speed
+
+    def all(self) -> list[Speed]:
+        return [self._row(r) for r in self._query("SELECT * FROM speeds ORDER BY model_id, at DESC")]
+
+    def of(self, model_id: str) -> list[Speed]:
+        """This model's rows, the most recent first."""
+        return [
+            self._row(r)
+            for r in self._query("SELECT * FROM speeds WHERE model_id = ? ORDER BY at DESC", (model_id,))
+        ]
+
+    def calibration(self, *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
+        """Per device, what the measurements say about the speed model (empty: nothing to go on)."""
+        try:
+            return calibrate(self.all(), bandwidth=bandwidth)
+        except LibraryError as exc:
+            log.warning("%s", exc.message)
+            return {}
+
+    def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[sqlite3.Row]:
+        try:
+            return self.library.db.query(sql, args)
+        except sqlite3.Error as exc:
+            raise LibraryError(
+                f"could not read measured speeds from {self.library.path} ({exc}); if the file is damaged, "
+                "move it aside and Switchyard rebuilds the library on its next start"
+            ) from exc
+
+    @staticmethod
+    def _row(r: sqlite3.Row) -> Speed:
+        return Speed(
+            r["model_id"], r["lane"], r["device"], r["prompt_tps"], r["gen_tps"], r["bytes_per_token"],
+            r["samples"], r["at"],
+        )  # fmt: skip
+
+
+def _recent(text: str) -> list[list[float | None]]:
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return []  # a damaged list only loses the history, never the next sample
+    return (
+        [x for x in got if isinstance(x, list) and len(x) == 2 and _num(x[1])]
+        if isinstance(got, list)
+        else []
+    )
+
+
+def _speed_of(
+    model_id: str, key: LoadKey, recent: list[list[float | None]], samples: int, at: float
+) -> Speed:
+    prompts = [p for p, _ in recent if p is not None]
+    gens = [g for _, g in recent if g is not None]
+    return Speed(
+        model_id,
+        key.lane,
+        key.device,
+        round(statistics.median(prompts), 2) if prompts else None,
+        round(statistics.median(gens), 2),
+        key.bytes_per_token,
+        samples,
+        at,
+    )
+
+
+def calibrate(speeds: Iterable[Speed], *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
+    """The CPU path's calibration from llama.cpp measurements: the efficiency is the median, over models
+    that read at least BANDWIDTH_BOUND_BYTES a token, of measured / bandwidth-bound speed; smaller models
+    give the fixed per-token cost left once that efficiency is taken into account."""
+    if not bandwidth:
+        return {}
+    rows = [s for s in speeds if s.lane == "llama.cpp" and s.device == "CPU" and s.bytes_per_token]
+    big = [s for s in rows if (s.bytes_per_token or 0) >= BANDWIDTH_BOUND_BYTES]
+    if not big:
+        return {}
+
+    def bound(s: Speed) -> float:
+        return bandwidth_bound(s.bytes_per_token or 1, bandwidth)
+
+    eff = statistics.median(s.gen_tps / bound(s) for s in big)
+    small = [s for s in rows if s not in big]
+    per_token = (
+        statistics.median(max(0.0, 1 / s.gen_tps - 1 / (bound(s) * eff)) for s in small) if small else 0.0
+    )
+    if per_token:  # the large models pay the fixed cost too: take it out of their efficiency
+        eff = statistics.median(1 / (max(1 / s.gen_tps - per_token, 1e-9) * bound(s)) for s in big)
+    return {"CPU": SpeedCalibration(efficiency=eff, per_token_s=per_token, models=len(rows))}
+
+
+class SpeedRecorder:
+    """What the gateway calls once per answer; `where(model_id)` says where the model runs now (None: not
+    on a lane this records, e.g. a remote). The first answer of each load is skipped: its weights are still
+    being paged in."""
+
+    def __init__(self, store: SpeedStore, *, where: Callable[[str], LoadKey | None]) -> None:
+        self.store = store
+        self.where = where
+        self._seen: dict[str, object] = {}  # model id -> the load whose first answer was skipped
+        # model id -> the last timings filed: a stream's end can be handed over twice, one answer counts once
+        self._last: dict[str, tuple[float | None, float, int]] = {}
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    def note(self, model_id: str | None, data: bytes) -> None:
+        """Hand over an answer's last bytes; records in a worker thread, never raises."""
+        try:
+            timings = timings_from(data) if model_id else None
+            key = self.where(model_id) if model_id and timings else None
+        except Exception:  # a lane between states must not fail the answer it measured
+            log.debug("no speed recorded for %s", model_id, exc_info=True)
+            return
+        if timings is None or key is None or model_id is None or self._last.get(model_id) == timings:
+            return
+        self._last[model_id] = timings
+        if self._seen.get(model_id) is not key.load:
+            self._seen[model_id] = key.load
+            return
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, model_id, key, timings)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+
+    def _write(self, model_id: str, key: LoadKey, timings: tuple[float | None, float, int]) -> None:
+        try:
+            self.store.record(model_id, key=key, prompt_tps=timings[0], gen_tps=timings[1])
+        except LibraryError as exc:
+            log.warning("%s", exc.message)
+
+    async def drain(self) -> None:
+        """Wait for the writes handed to threads so far (tests, shutdown)."""
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)

@@ -1,0 +1,171 @@
+"""Reading an eval suite: a YAML file, JSON lines of cases, or the name of a built-in suite.
+
+YAML (or a JSON object) holds `name`, optional `threshold` (0..1), optional `defaults` (request parameters
+every case gets, such as max_tokens) and `cases`. A JSON-lines file holds one case per line. A case is
+`id`, `prompt` (or `messages`), `expect` (one scorer and its options), optional `weight` and `params`
+(extra request fields: max_tokens, temperature, grammar, response_format...).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from app.quality.score import Scorer, SuiteError, scorer_from_spec
+
+BUILTIN_PACKAGE = "app.quality.suites"
+MAX_CASES = 10_000
+# request fields a case may not set: the runner owns the model and the (non-)streaming
+RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    id: str
+    messages: tuple[Mapping[str, Any], ...]
+    scorer: Scorer
+    weight: float = 1.0
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite:
+    name: str
+    cases: tuple[Case, ...]
+    threshold: float | None = None
+    source: str = ""
+
+    @property
+    def total_weight(self) -> float:
+        return sum(c.weight for c in self.cases)
+
+
+def builtin_names() -> list[str]:
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in resources.files(BUILTIN_PACKAGE).iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def load_suite(ref: str) -> Suite:
+    """A suite by file path or built-in name; SuiteError names what is wrong and where."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return _parse(path.read_text(encoding="utf-8"), source=str(path), jsonl=path.suffix == ".jsonl")
+    if ref in builtin_names():
+        text = resources.files(BUILTIN_PACKAGE).joinpath(f"{ref}.yaml").read_text(encoding="utf-8")
+        return _parse(text, source=f"built-in suite {ref}", jsonl=False, default_name=ref)
+    raise SuiteError(
+        f"no suite file {ref!r} and no built-in suite of that name; give a .yaml/.json/.jsonl file or one "
+        f"of: {', '.join(builtin_names())}"
+    )
+
+
+def _parse(text: str, *, source: str, jsonl: bool, default_name: str | None = None) -> Suite:
+    name = default_name or Path(source).stem
+    if jsonl:
+        return _from_doc({"name": name, "cases": _jsonl_cases(text, source)}, source=source)
+    try:
+        import yaml  # JSON is YAML, so one reader covers .yaml and .json
+
+        doc = yaml.safe_load(text)
+    except Exception as e:  # yaml.YAMLError and its line/column
+        raise SuiteError(f"{source} is not valid YAML/JSON: {e}; fix the file and run again") from None
+    if not isinstance(doc, dict):
+        raise SuiteError(f"{source} must hold a mapping with `cases` (or be a .jsonl file of cases)")
+    doc.setdefault("name", name)
+    return _from_doc(doc, source=source)
+
+
+def _jsonl_cases(text: str, source: str) -> list[Any]:
+    cases = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            cases.append(json.loads(line))
+        except ValueError as e:
+            raise SuiteError(f"{source} line {number} is not JSON: {e}") from None
+    return cases
+
+
+def _threshold(value: Any, source: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise SuiteError(f"{source}: threshold must be a number from 0 to 1, got {value!r}")
+    return float(value)
+
+
+def _from_doc(doc: Mapping[str, Any], *, source: str) -> Suite:
+    raw_cases = doc.get("cases")
+    if not isinstance(raw_cases, list) or not raw_cases:
+        raise SuiteError(f"{source} has no cases: give a non-empty `cases` list")
+    if len(raw_cases) > MAX_CASES:
+        raise SuiteError(f"{source} has {len(raw_cases)} cases; split it (at most {MAX_CASES})")
+    defaults = doc.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SuiteError(f"{source}: defaults must be a mapping of request parameters")
+    cases, seen = [], set()
+    for index, raw in enumerate(raw_cases, start=1):
+        case = _case(raw, index=index, source=source, defaults=defaults)
+        if case.id in seen:
+            raise SuiteError(f"{source}: two cases have the id {case.id!r}; ids must be unique")
+        seen.add(case.id)
+        cases.append(case)
+    return Suite(
+        name=str(doc["name"]),
+        cases=tuple(cases),
+        threshold=_threshold(doc.get("threshold"), source),
+        source=source,
+    )
+
+
+def _messages(raw: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], ...]:
+    if "messages" in raw:
+        messages = raw["messages"]
+        ok = (
+            isinstance(messages, list)
+            and messages
+            and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages
+            )
+        )
+        if not ok:
+            raise SuiteError(f"{where}: messages must be a list of {{role, content}} mappings")
+        return tuple(messages)
+    prompt = raw.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SuiteError(f"{where}: give a `prompt` text or a `messages` list")
+    system = raw.get("system")
+    head = ({"role": "system", "content": str(system)},) if system else ()
+    return (*head, {"role": "user", "content": prompt})
+
+
+def _case(raw: Any, *, index: int, source: str, defaults: Mapping[str, Any]) -> Case:
+    where = f"{source} case {index}"
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where} must be a mapping with prompt and expect")
+    case_id = str(raw.get("id") or f"case-{index}")
+    where = f"{source} case {case_id!r}"
+    messages = _messages(raw, where)
+    weight = raw.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        raise SuiteError(f"{where}: weight must be a positive number")
+    params = {**defaults, **(raw.get("params") or {})}
+    reserved = sorted(RESERVED_PARAMS & set(params))
+    if reserved:
+        raise SuiteError(f"{where}: params may not set {', '.join(reserved)} (the runner sets them)")
+    question = str(messages[-1].get("content", ""))
+    return Case(
+        id=case_id,
+        messages=messages,
+        scorer=scorer_from_spec(raw.get("expect"), where=where, question=question),
+        weight=float(weight),
+        params=params,
+    )

@@ -1,0 +1,387 @@
+"""Talking to the chat: hold-to-talk (microphone -> the gateway's live transcription -> the message) and
+"read aloud" (a reply -> Piper, sentence by sentence -> the speakers), through the same local server every
+client uses.
+
+Audio goes through `sounddevice` (PortAudio): a few hundred kB, numpy blocks in and out, where Qt
+Multimedia would add PySide6's add-ons (hundreds of MB) to the bundle. Sources and sinks are small
+objects, so a recorded WAV can stand in for the microphone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import importlib
+import json
+import re
+import wave
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
+
+RATE = 24000  # what the Realtime API takes
+CHUNK_S = 0.1
+SHORTCUT = Qt.Key.Key_F9  # held down in the chat window: talk
+
+
+class AudioSource(Protocol):
+    def chunks(self) -> AsyncIterator[bytes]:
+        """PCM16 mono at 24 kHz, as it is captured; ends when stopped."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class AudioSink(Protocol):
+    async def play(self, pcm: bytes, *, rate: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _sd() -> Any:
+    # PortAudio's binding, looked up when used: without it (or libportaudio2) the controls say so
+    return importlib.import_module("sounddevice")
+
+
+def microphone_problem() -> str | None:
+    """Why the microphone cannot be used, or None."""
+    try:
+        sd = _sd()
+        sd.check_input_settings(samplerate=RATE, channels=1, dtype="int16")
+    except ImportError:
+        return "Voice input needs the sounddevice package: pip install sounddevice (and PortAudio)"
+    except Exception as exc:  # PortAudio's own errors: no device, or none that records mono at 24 kHz
+        return f"No microphone found: {exc}"
+    return None
+
+
+def speaker_problem() -> str | None:
+    """Why replies cannot be played, or None."""
+    try:
+        _sd().check_output_settings(samplerate=22050, channels=1, dtype="int16")
+    except ImportError:
+        return "Reading aloud needs the sounddevice package: pip install sounddevice (and PortAudio)"
+    except Exception as exc:  # PortAudio's own errors: no output device
+        return f"No speaker found: {exc}"
+    return None
+
+
+class MicSource:
+    """The default input device, in 100 ms blocks."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._stream: Any = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        sd = _sd()
+
+        def captured(data: Any, _frames: int, _time: Any, _status: Any) -> None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, bytes(data))
+
+        self._stream = sd.RawInputStream(
+            samplerate=RATE, channels=1, dtype="int16", blocksize=int(RATE * CHUNK_S), callback=captured
+        )
+        self._stream.start()
+        while (block := await self._queue.get()) is not None:
+            yield block
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.stop()
+            self._stream.close()
+            self._stream = None
+        self._queue.put_nowait(None)
+
+
+class WavSource:
+    """A recorded WAV in place of the microphone (any rate; mono or the first channel)."""
+
+    def __init__(self, path: Path) -> None:
+        with wave.open(str(path)) as w:
+            rate, channels = w.getframerate(), w.getnchannels()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, channels)[:, 0]
+        n = round(pcm.size * RATE / rate)
+        self._pcm = np.interp(np.arange(n) * rate / RATE, np.arange(pcm.size), pcm).astype("<i2")
+        self._stopped = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        step = int(RATE * CHUNK_S)
+        for i in range(0, self._pcm.size, step):
+            if self._stopped:
+                return
+            yield self._pcm[i : i + step].tobytes()
+            await asyncio.sleep(0)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+class SpeakerSink:
+    """The default output device."""
+
+    def __init__(self) -> None:
+        self._stream: Any = None
+
+    async def play(self, pcm: bytes, *, rate: int) -> None:
+        sd = _sd()
+        if self._stream is None or self._stream.samplerate != rate:
+            self.stop()
+            self._stream = sd.RawOutputStream(samplerate=rate, channels=1, dtype="int16")
+            self._stream.start()
+        await asyncio.to_thread(self._stream.write, pcm)
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.abort()
+            self._stream.close()
+            self._stream = None
+
+
+def sentences(text: str) -> list[str]:
+    """The reply in pieces Piper can say one after another (so playback starts with the first)."""
+    plain = re.sub(r"```.*?```", " ", text, flags=re.S)  # code is not read out
+    plain = re.sub(r"[*_`#>]+", "", plain)
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n{2,}", plain) if s.strip()]
+
+
+async def transcribe_live(
+    url: str,
+    *,
+    model: str,
+    source: AudioSource,
+    released: asyncio.Event,
+    on_text: Callable[[str], None],
+) -> str:
+    """Stream `source` to the server's live transcription until `released` is set; the whole transcript.
+    `on_text` gets the text so far each time a delta or a segment arrives."""
+    done: list[str] = []
+    partial: dict[str, str] = {}
+    pending: set[str] = set()
+    answered = asyncio.Event()  # the final commit was answered (committed, or nothing left to commit)
+    ws_url = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
+    ):
+        turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
+        session = {"input_audio_transcription": {"model": model}, "turn_detection": turns}
+        await ws.send_json({"type": "transcription_session.update", "session": session})
+
+        def take(event: dict[str, Any]) -> None:
+            kind, item = event.get("type", ""), event.get("item_id", "")
+            if kind == "input_audio_buffer.committed":
+                pending.add(item)
+                if released.is_set():
+                    answered.set()
+            elif kind.endswith("input_audio_transcription.delta"):
+                partial[item] = partial.get(item, "") + event.get("delta", "")
+            elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
+                partial.pop(item, None)
+                pending.discard(item)
+                if text := event.get("transcript", "").strip():
+                    done.append(text)
+            elif kind == "error":
+                if event["error"].get("code") != "input_audio_buffer_commit_empty":
+                    raise RuntimeError(event["error"]["message"])
+                answered.set()  # released outside speech: every segment was committed already
+            on_text(" ".join([*done, *partial.values()]).strip())
+
+        async def receive() -> None:
+            async for msg in ws:
+                take(json.loads(msg.data))
+                if answered.is_set() and not pending:
+                    return
+
+        reader = asyncio.ensure_future(receive())
+        try:
+            async for block in source.chunks():
+                audio = base64.b64encode(block).decode()
+                await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+                if released.is_set():
+                    break
+            await released.wait()  # a recording that ended early waits for the release
+            source.stop()
+            await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
+            await asyncio.wait_for(reader, 60)
+        finally:
+            source.stop()
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+    return " ".join(done).strip()
+
+
+async def speak(url: str, *, voice: str, text: str, sink: AudioSink) -> None:
+    """Say `text` with the Piper `voice`: each sentence synthesized while the one before it plays."""
+    async with aiohttp.ClientSession() as http:
+
+        async def synth(sentence: str) -> tuple[bytes, int]:
+            body = {"model": voice, "input": sentence, "voice": voice, "response_format": "pcm"}
+            async with http.post(f"{url}/v1/audio/speech", json=body) as r:
+                if r.status >= 400:
+                    raise RuntimeError((await r.json())["error"]["message"])
+                return await r.read(), int(r.headers.get("x-sample-rate", "22050"))
+
+        parts = sentences(text)
+        next_one = asyncio.ensure_future(synth(parts[0])) if parts else None
+        try:
+            for i in range(len(parts)):
+                assert next_one is not None
+                pcm, rate = await next_one
+                next_one = asyncio.ensure_future(synth(parts[i + 1])) if i + 1 < len(parts) else None
+                await sink.play(pcm, rate=rate)
+        finally:
+            if next_one is not None:
+                next_one.cancel()
+
+
+class VoiceBar(QWidget):
+    """Hold-to-talk, the live transcript, read aloud and its stop, and what is missing, for a chat page.
+
+    `page` gives `desk` (server, catalog, window), `send(text)`, `report(msg)` and its conversation
+    (`store`, `current`)."""
+
+    def __init__(self, page: Any) -> None:
+        super().__init__(page)
+        self.page, self.desk = page, page.desk
+        self.source_factory: Callable[[], AudioSource] = MicSource
+        self.sink: AudioSink = SpeakerSink()
+        self.released = asyncio.Event()
+        self.talk_task: asyncio.Task[Any] | None = None
+        self.read_task: asyncio.Task[Any] | None = None
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.talk_btn = QPushButton("Hold to talk (F9)")
+        self.talk_btn.pressed.connect(self.press)
+        self.talk_btn.released.connect(self.release)
+        self.read_btn = QPushButton("Read aloud")
+        self.read_btn.clicked.connect(self.read_aloud)
+        self.stop_read_btn = QPushButton("Stop reading")
+        self.stop_read_btn.clicked.connect(self.stop_reading)
+        self.stop_read_btn.setEnabled(False)
+        self.live = QLabel("")
+        self.live.setWordWrap(True)
+        self.missing = QLabel("")
+        self.missing.setWordWrap(True)
+        self.get_btn = QPushButton("Find one on Discover")
+        self.get_btn.clicked.connect(self._discover)
+        self.get_btn.setVisible(False)
+        for w in (self.talk_btn, self.read_btn, self.stop_read_btn):
+            row.addWidget(w)
+        row.addWidget(self.live, 1)
+        row.addWidget(self.missing)
+        row.addWidget(self.get_btn)
+        self._wanted = ""
+        page.installEventFilter(self)
+
+    # ---- what is there ---------------------------------------------------------------------------
+    def _model_of(self, kind: str) -> str | None:
+        return next((e.id for e in self.desk.runtime.catalog.entries() if e.kind == kind), None)
+
+    def problem(self, *, talk: bool) -> str | None:
+        """What is missing for talking (`talk`) or reading aloud; shown with the way to get it."""
+        srv = self.desk.server
+        if not srv.running or not srv.url:
+            return "The local server is stopped: start it on the Server page."
+        kind, what, query = (
+            ("transcription", "No whisper model is installed", "whisper ggml")
+            if talk
+            else ("speech", "No Piper voice is installed", "piper voice")
+        )
+        if self._model_of(kind) is None:
+            self._wanted = query
+            return f"{what}: download one to {'talk' if talk else 'read replies aloud'}."
+        if talk and self.source_factory is MicSource and (mic := microphone_problem()) is not None:
+            return mic
+        if not talk and isinstance(self.sink, SpeakerSink) and (out := speaker_problem()) is not None:
+            return out
+        return None
+
+    def _say_missing(self, text: str | None) -> None:
+        self.missing.setText(text or "")
+        self.get_btn.setVisible(bool(text) and bool(self._wanted) and "download" in (text or ""))
+
+    def _discover(self) -> None:
+        page = self.desk.window.show_page("Discover")
+        page.query.setText(self._wanted)
+        page.search_btn.click()
+
+    # ---- hold to talk ----------------------------------------------------------------------------
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if event.type() in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease):
+            key: Any = event
+            if key.key() == SHORTCUT and not key.isAutoRepeat():
+                self.press() if event.type() == QEvent.Type.KeyPress else self.release()
+                return True
+        return False
+
+    def press(self) -> None:
+        if self.talk_task is not None:
+            return
+        problem = self.problem(talk=True)
+        self._say_missing(problem)
+        if problem:
+            return
+        self.released.clear()
+        self.live.setText("Listening…")
+        self.talk_task = self.desk.spawn(self._talk(), report=self.page.report)
+        self.talk_task.add_done_callback(lambda _: setattr(self, "talk_task", None))
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def _talk(self) -> None:
+        model = self._model_of("transcription")
+        assert model is not None
+        text = await transcribe_live(
+            self.desk.server.url,
+            model=model,
+            source=self.source_factory(),
+            released=self.released,
+            on_text=lambda t: self.live.setText(t or "Listening…"),
+        )
+        self.live.setText("")
+        if text:
+            self.page.send(text)
+        else:
+            self.page.report("Nothing was heard: hold the button while you speak.")
+
+    # ---- read aloud ------------------------------------------------------------------------------
+    def last_reply(self) -> str | None:
+        if self.page.current is None:
+            return None
+        replies = [m for m in self.page.store.messages(self.page.current) if m.role == "assistant"]
+        return next((m.content for m in reversed(replies) if m.content), None)
+
+    def read_aloud(self) -> None:
+        problem = self.problem(talk=False)
+        self._say_missing(problem)
+        reply = self.last_reply()
+        if problem or not reply or self.read_task is not None:
+            return
+        voice = self._model_of("speech")
+        assert voice is not None
+        self.stop_read_btn.setEnabled(True)
+        task = self.desk.spawn(
+            speak(self.desk.server.url, voice=voice, text=reply, sink=self.sink), report=self.page.report
+        )
+        self.read_task = task
+
+        def done(_: Any) -> None:
+            self.read_task = None
+            self.stop_read_btn.setEnabled(False)
+
+        task.add_done_callback(done)
+
+    def stop_reading(self) -> None:
+        if self.read_task is not None:
+            self.read_task.cancel()
+        self.sink.stop()

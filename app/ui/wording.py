@@ -1,0 +1,61 @@
+"""The core's messages as the window says them: where a message names a command (`switchyard hub login`,
+"run the pull again"), the window names its own button or field instead, and byte counts are sizes.
+
+The core keeps its command-line wording (the CLI and the API show it as is); only what the window shows
+goes through `for_window`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from app.core.units import fmt_bytes
+
+# (pattern, replacement) in order: the longer phrases first, so a shorter one does not cut them
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (
+            r"add a token with `switchyard hub login`(?: \(or set HF_TOKEN\))?",
+            "enter a token in the Hugging Face token field on the Settings page and press Save",
+        ),
+        (r"`switchyard hub login`(?: --file)?", "the Hugging Face token field on the Settings page"),
+        (r"\(see `switchyard hub status`\)", "(Settings page)"),
+        (r"log in again with", "enter it again with"),
+        (
+            r"create one with `switchyard keys create NAME`",
+            "create one on the Server page (API keys tab, Create key)",
+        ),
+        (r"see `switchyard keys list`", "see the API keys tab on the Server page"),
+        (
+            r"`switchyard keys revoke[^`]*`",
+            "select the key in the Server page's API keys tab and press Revoke selected",
+        ),
+        (r"`switchyard pin \S+ ([^`\s]+)`", r"choose \1 under Lane on the Library page"),
+        (
+            r"`?switchyard engine install ([\w.-]+)`?",
+            r"select \1 in the engines table on the Lanes page and press Install",
+        ),
+        (r"`switchyard pull [^`]*`", "Download on the Discover page"),
+        (
+            r"no system keyring is available here \(backend [\w.]+\)",
+            "this desktop has no password store (system keyring) running",
+        ),
+        (r"the system keyring did not accept it \(\w+\)", "the password store refused it (is it locked?)"),
+        (r"(?:run|retry) the pull(?: again)?|pull again(?: to retry)?", "press Resume in the Downloads list"),
+    )
+)
+_BYTES = re.compile(r"\b(\d+) of (\d+) bytes\b|\b(\d{4,}) bytes\b")
+
+
+def _sizes(m: re.Match[str]) -> str:
+    if m.group(3) is not None:
+        return fmt_bytes(int(m.group(3)))
+    return f"{fmt_bytes(int(m.group(1)))} of {fmt_bytes(int(m.group(2)))}"
+
+
+def for_window(message: str) -> str:
+    """`message` with command lines replaced by the window's buttons, and byte counts as sizes."""
+    for pattern, replacement in _RULES:
+        message = pattern.sub(replacement, message)
+    return _BYTES.sub(_sizes, message)

@@ -1,0 +1,78 @@
+"""Run by tests/test_desktop_quit.py in a child under PYTHONDEVMODE and faulthandler: the desktop opened
+and quit N times in one process, then the app's own last step (app.ui.main.finish_qapp) with a window and
+its dialog still open; prints what was left.
+
+python -m tests.desktop_quit_cycles N MODELS_DIR   (SWITCHYARD_HOME, QT_QPA_PLATFORM set by the test)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def leftovers(app: Any) -> list[str]:
+    """Our widgets and top-level Qt objects still alive after a quit."""
+    import shiboken6
+
+    alive = [w for w in app.topLevelWidgets() if shiboken6.isValid(w)]
+    # the tray's menu stays (emptied: no callback in it) until the app's own end deletes it
+    kept = [w for w in alive if type(w).__name__ == "QMenu" and not w.actions() and not w.isVisible()]
+    return sorted({type(w).__name__ for w in alive if w not in kept})
+
+
+async def cycle(app: Any, models: Path) -> dict[str, Any]:
+    from app.core.paths import Paths
+    from app.core.settings import Settings
+    from app.ui.desktop import Desktop
+
+    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=1)
+    async with Desktop(Paths.from_env(), settings, qapp=app) as desk:
+        window = desk.window
+        for name in ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings"):
+            window.show_page(name)
+            await asyncio.sleep(0.05)
+        window.pages["Discover"].why("none")  # nothing open: no dialog, no error
+        window.show_about()
+        window.close()  # to the tray first, as people do
+        await asyncio.sleep(0.2)
+        desk.quit()
+        await desk.run()
+    await asyncio.sleep(0.1)  # a turn of the loop: the window's deferred deletion
+    import shiboken6
+
+    return {"window_deleted": not shiboken6.isValid(window), "left": leftovers(app)}
+
+
+def main() -> int:
+    import qasync
+
+    from app.ui.main import finish_qapp, make_qapp
+
+    n, models = int(sys.argv[1]), Path(sys.argv[2])
+    app = make_qapp()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    results = []
+    try:
+        with loop:
+            for _ in range(n):
+                results.append(loop.run_until_complete(cycle(app, models)))
+        # quit with a window still up and a dialog of its own open (a Why? window left open): the dialog
+        # is a top-level widget too, and must go with its parent, not be deleted a second time
+        from PySide6.QtWidgets import QDialog, QWidget
+
+        host = QWidget()
+        host.show()
+        QDialog(host).show()
+    finally:
+        finish_qapp(app)
+    print("RESULT " + json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

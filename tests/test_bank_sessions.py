@@ -1,0 +1,211 @@
+"""Session banking on real engines: two generated models swapping in one lane, llama.cpp's slots saved
+at each stop and restored when a conversation comes back (app/lanes/bank.py, bank_slots.py).
+
+One server (and one restart of it in the same home) carries the whole story; the store's budget, its
+supersede rule and its identity check are also tried on a real SQLite file without engines.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from app.lanes.bank import BankStore, Checkpoint, Identity, bank_dir, fingerprints, new_checkpoint_id
+from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.tinymodels import TinySpec, write_tiny_gguf
+
+PINNED = {"grammar": 'root ::= "the answer is 42"'}
+SYSTEM = {"role": "system", "content": "You keep long notes. " * 12}
+
+
+def _first_turn(topic: str) -> list[dict[str, Any]]:
+    return [SYSTEM, {"role": "user", "content": f"Tell me about {topic}. " * 10}]
+
+
+def _ask(client: openai.OpenAI, model: str, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=24, extra_body={**PINNED, **extra}
+    )
+
+
+def _cached(answer: Any) -> int:
+    details = answer.usage.prompt_tokens_details
+    return int(details.cached_tokens or 0) if details is not None else 0
+
+
+def _bank(server: ServerProcess) -> dict[str, Any]:
+    r = httpx.get(server.url + "/api/bank", timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def _start(home: Path, models: Path) -> ServerProcess:
+    return ServerProcess(home, models).wait_ready()
+
+
+def _stop(server: ServerProcess) -> None:
+    pids = server.engine_pids()
+    assert server.stop() == 0, server.stderr_text()[-2000:]
+    wait_gone(pids, 5)
+
+
+@pytest.fixture(scope="module")
+def banked(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[tuple[Path, Path]]:
+    """(home, models dir): one lane at a time, two slots per engine."""
+    root = tmp_path_factory.mktemp("bank")
+    models = root / "models"
+    models.mkdir()
+    write_tiny_gguf(models / "tiny.gguf", TinySpec(seed=11))
+    link_models(models, model_store / "tiny2.gguf")
+    home = root / "home"
+    home.mkdir()
+    (home / "settings.json").write_text(json.dumps({"max_loaded_lanes": 1, "parallel": 2}))
+    yield home, models
+
+
+def test_a_conversation_stays_warm_across_swaps_restarts_and_refuses_what_it_cannot_trust(
+    banked: tuple[Path, Path],
+) -> None:
+    home, models = banked
+    server = _start(home, models)
+    try:
+        client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        convo = _first_turn("rivers")
+        first = _ask(client, "tiny", convo)
+        assert first.choices[0].message.content == "the answer is 42"
+        convo += [{"role": "assistant", "content": "the answer is 42"}, {"role": "user", "content": "More."}]
+
+        # another model in the one lane: tiny is swapped out, its slot saved into the bank
+        other = _first_turn("mountains")
+        _ask(client, "tiny2", other, cache_prompt=False)
+        bank = _bank(server)
+        tiny_rows = [c for c in bank["checkpoints"] if c["model"] == "tiny"]
+        assert len(tiny_rows) == 1 and tiny_rows[0]["tokens"] >= first.usage.prompt_tokens
+        assert tiny_rows[0]["messages"] == 2 and bank["bytes"] == tiny_rows[0]["bytes"]
+
+        # tiny comes back (tiny2 swapped out: its cache_prompt:false slot is not banked)
+        second = _ask(client, "tiny", convo)
+        assert _cached(second) >= first.usage.prompt_tokens - 1, second.usage
+        bank = _bank(server)
+        assert not [c for c in bank["checkpoints"] if c["model"] == "tiny2"], bank
+        assert bank["counters"]["restores"] == 1 and bank["counters"]["hits"] == 1
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        assert "switchyard_session_bank_restores_total 1" in metrics
+        assert "switchyard_session_bank_saves_total 1" in metrics
+        convo += [{"role": "assistant", "content": "the answer is 42"}, {"role": "user", "content": "Go on."}]
+
+        # the same slot choice serves the translated surfaces: a Responses conversation, swapped out and back
+        said = [{"role": "user", "content": "Describe a harbour at dawn. " * 8}]
+        r1 = client.responses.create(model="tiny", input=said, max_output_tokens=8)  # type: ignore[arg-type]
+        _ask(client, "tiny2", other)
+        said += [{"role": "assistant", "content": r1.output_text}, {"role": "user", "content": "Then?"}]
+        r2 = client.responses.create(model="tiny", input=said, max_output_tokens=8)  # type: ignore[arg-type]
+        assert r2.usage is not None and r1.usage is not None
+        assert r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens - 1, r2.usage
+    finally:
+        _stop(server)  # shutdown saves the grown Responses conversation (superseding its first checkpoint)
+
+    rows = BankStore(home, budget_bytes=1 << 30).checkpoints("tiny")
+    assert sorted(len(r.fingerprints) for r in rows) == [3, 4], rows
+
+    # a new server process: the bank is on disk, the engine fresh
+    server = _start(home, models)
+    try:
+        client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        third = _ask(client, "tiny", convo)
+        assert _cached(third) >= second.usage.prompt_tokens - 1, third.usage
+        convo += [{"role": "assistant", "content": "the answer is 42"}, {"role": "user", "content": "And?"}]
+        _ask(client, "tiny2", _first_turn("lakes"))  # swap: tiny's slot saved again
+        cp = BankStore(home, budget_bytes=1 << 30).checkpoints("tiny")[0]
+        slot_file = bank_dir(home) / "slots" / cp.filename
+        misses = _bank(server)["counters"]["misses"]
+        with slot_file.open("r+b") as f:
+            f.truncate(cp.size - 1)  # llama.cpp would abort on this file: it must never see it
+        fourth = _ask(client, "tiny", convo)
+        assert fourth.choices[0].message.content == "the answer is 42"
+        assert _cached(fourth) == 0, fourth.usage
+        assert not slot_file.exists()
+        assert "damaged" in server.stderr_text() and cp.id in server.stderr_text()
+        assert _bank(server)["counters"]["misses"] == misses + 1
+    finally:
+        _stop(server)
+
+    # the same name, another file: what the bank holds for "tiny" can no longer be trusted
+    assert BankStore(home, budget_bytes=1 << 30).checkpoints("tiny")
+    time.sleep(0.01)  # a new mtime even on a coarse clock
+    write_tiny_gguf(models / "tiny.gguf", TinySpec(seed=12))
+    server = _start(home, models)
+    try:
+        client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        fifth = _ask(client, "tiny", [*convo[:-2], {"role": "user", "content": "Again."}])
+        assert _cached(fifth) == 0, fifth.usage
+        assert not [c for c in _bank(server)["checkpoints"] if c["model"] == "tiny"]
+        assert "another model file" in server.stderr_text()
+        cleared = httpx.delete(server.url + "/api/bank", timeout=10).json()
+        assert cleared["dropped"] >= 1 and _bank(server)["checkpoints"] == []
+    finally:
+        _stop(server)
+
+
+def _saved(store: BankStore, identity: Identity, messages: list[dict[str, Any]], size: int) -> Checkpoint:
+    cid = new_checkpoint_id()
+    (store.slots / f"{cid}.bin").write_bytes(b"x" * size)
+    from app.lanes.bank import file_sha256
+
+    now = time.time()
+    cp = Checkpoint(
+        id=cid,
+        model_id="m",
+        identity=identity,
+        n_ctx=1024,
+        tokens=size // 16,
+        fingerprints=fingerprints(messages),
+        size=size,
+        sha256=file_sha256(store.slots / f"{cid}.bin"),
+        created=now,
+        last_used=now,
+    )
+    store.add(cp)
+    return cp
+
+
+def test_the_store_keeps_its_budget_the_longest_prefix_and_only_its_own_identity(tmp_path: Path) -> None:
+    store = BankStore(tmp_path, budget_bytes=10_000)
+    store.slots.mkdir(parents=True)
+    ident = Identity("abc", "xllamacpp 1 b0", "slot_ctx=1024 kv=f16 fa=auto")
+    a = [{"role": "user", "content": "a"}]
+    short = _saved(store, ident, a, 3000)
+    grown = [*a, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    longer = _saved(store, ident, grown, 3000)
+    assert [c.id for c in store.checkpoints()] == [longer.id]  # the shorter one is superseded
+    assert not (store.slots / short.filename).exists()
+
+    asked = fingerprints([*grown, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}])
+    found = store.best("m", ident, asked)
+    assert found is not None and found[0].id == longer.id and found[1] == 3
+    assert store.best("m", ident, fingerprints([{"role": "user", "content": "z"}])) is None
+
+    for i in range(4):  # four more conversations of 3000 bytes: only three fit the 10 000-byte budget
+        _saved(store, ident, [{"role": "user", "content": f"other {i}"}], 3000)
+    assert store.total_bytes() <= 10_000 and len(store.checkpoints()) == 3
+    assert longer.id not in {c.id for c in store.checkpoints()}  # the least recently used went first
+
+    other_engine = Identity("abc", "xllamacpp 2 b0", ident.ctx)
+    assert store.best("m", other_engine, fingerprints([{"role": "user", "content": "other 3"}])) is None
+    assert store.checkpoints() == []  # made by another engine build: dropped, never restored
+    with sqlite3.connect(tmp_path / "bank" / "bank.db") as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    for leftover in (tmp_path / "bank").glob("bank.db-*"):
+        leftover.unlink()
+    (tmp_path / "bank" / "bank.db").write_bytes(b"not a database at all" * 100)
+    assert store.checkpoints() == []  # a damaged index is moved aside and the bank starts empty
+    assert list((tmp_path / "bank").glob("bank.db.corrupt-*"))

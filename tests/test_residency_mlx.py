@@ -1,0 +1,84 @@
+"""The MLX lane's contract under residency, for real: `mlx_lm.server` (mlx's CPU build) on generated llama
+folders, in-process. capacity "runtime-managed", the trained window as `ctx`, no KV estimate, no context
+flag, co-residency on the measured settle footprint only, and the prompt bounded by the window (counted
+with the model's own tokenizer.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from app.core.errors import ContextLengthExceededError
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.lanes.llamacpp import DEFAULT_SLOT_CTX
+from app.runtime import Runtime
+from app.server.prompt_window import check_window, mlx_window
+from tests.mlxgen import write_mlx_llama
+from tests.test_residency_memory import settled
+
+pytest.importorskip("mlx_lm")
+pytest.importorskip("tokenizers")
+
+WINDOW = 64
+
+
+@pytest.fixture(scope="module")
+def mlx_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("mlx-residency")
+    for name, window in (("small-mlx", WINDOW), ("nowindow-mlx", None)):
+        folder = write_mlx_llama(d / name)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.pop("max_position_embeddings")
+        if window is not None:
+            cfg["max_position_embeddings"] = window
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.fixture
+async def rt(mlx_models: Path) -> AsyncIterator[Runtime]:
+    s = Settings(
+        models_dirs=(mlx_models,),
+        residency="memory",
+        max_loaded_lanes=2,
+        mlx_prompt_cache_size=4,  # mlx-lm's own prompt cache: MLX lanes do not bank
+        mlx_prompt_cache_mib=64,
+    )
+    async with Runtime(settings=s, paths=Paths.from_env()) as runtime:
+        yield runtime
+
+
+async def test_mlx_lane_contract_and_window_preflight(rt: Runtime) -> None:
+    sup = rt.supervisor
+    idle = sup.lane_for(rt.catalog.get("nowindow-mlx"))  # never started: its row still tells the window
+    row = {r["model"]: r for r in sup.snapshot()}["nowindow-mlx"]
+    assert row["capacity"] == "runtime-managed" and row["ctx"] == 0 and row["kv_estimate"] is None
+    assert sup.need_of(idle) is None  # no prediction for MLX: measured only
+
+    lane = await sup.load("small-mlx")
+    assert lane.plan is not None
+    assert not any("ctx" in a or "context" in a or "max-tokens" in a for a in lane.plan.argv)
+    argv = " ".join(lane.plan.argv)  # and the engine, started with them, took its prompt-cache knobs
+    assert "--prompt-cache-size 4" in argv and f"--prompt-cache-bytes {64 << 20}" in argv
+    await settled(rt, "small-mlx")
+    row = {r["model"]: r for r in sup.snapshot()}["small-mlx"]
+    assert row["capacity"] == "runtime-managed" and row["ctx"] == WINDOW and row["kv_estimate"] is None
+    fp = row["footprint"]
+    assert isinstance(fp, dict) and fp["source"] == "measured" and fp["total"] > 10 << 20
+    assert sup.need_of(lane) == sup.settled["small-mlx"]
+
+    # the prompt is counted with the model's tokenizer: 3 words fit, a window's worth does not
+    assert mlx_window(lane, rt.settings) == (WINDOW, Path(lane.plan.params.model_path))
+    short = {"messages": [{"role": "user", "content": "w3 w4 w5"}]}
+    await check_window(lane, short, route="chat", settings=rt.settings)
+    long = {"messages": [{"role": "user", "content": [{"type": "text", "text": "w3 " * WINDOW}]}]}
+    with pytest.raises(ContextLengthExceededError, match=rf"at least {WINDOW} tokens.*window of {WINDOW}"):
+        await check_window(lane, long, route="chat", settings=rt.settings)
+    with pytest.raises(ContextLengthExceededError) as exc:
+        await check_window(lane, {"prompt": ["w3", "w4 " * 70]}, route="completions", settings=rt.settings)
+    assert exc.value.param == "prompt" and "70 tokens" in exc.value.message
+    assert DEFAULT_SLOT_CTX > WINDOW  # the fallback for a folder without a window is the default context
