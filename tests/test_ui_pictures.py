@@ -98,9 +98,11 @@ def test_pictures_on_the_real_desktop(
             hw = desk.window.pages["Hardware"]
             # the rate strip has a point per wall-clock second: two points need the clock to tick once
             await until(
-                lambda: len(lanes.history.memory(MODEL)) >= 2
-                and len(lanes.history.rates(MODEL)) >= 2
-                and max(hw.speed.values[0], default=0) > 0,
+                lambda: (
+                    len(lanes.history.memory(MODEL)) >= 2
+                    and len(lanes.history.rates(MODEL)) >= 2
+                    and max(hw.speed.values[0], default=0) > 0
+                ),
                 what="a memory reading per tick, a second gone by, and the speed on the next tick",
             )
             assert max(lanes.history.rates(MODEL)) > 0
