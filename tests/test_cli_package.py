@@ -4,9 +4,13 @@ in-process server `run` starts when none runs."""
 
 from __future__ import annotations
 
+import argparse
+import ast
+import inspect
 import io
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import app.cli
 from app.cli.client import read_sse
 from app.cli.context import CliContext
 from app.cli.run import Chat, chat_loop
@@ -162,3 +167,53 @@ def test_run_starts_a_server_in_process_when_none_runs(tmp_path: Path, model_sto
     missing = switchyard(home, "run", "nope", "hi", "--models-dir", str(models))
     assert missing.returncode == 2 and "switchyard: error: " in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# the modules in app/cli that are not command groups: what the groups share
+CLI_HELPERS = frozenset({"client", "context", "options"})
+
+
+def test_the_entry_point_stays_small() -> None:
+    lines = (REPO / "app" / "__main__.py").read_text().splitlines()
+    assert len(lines) < 60, f"app/__main__.py has {len(lines)} lines: a command's code belongs in app/cli/"
+
+
+def _defines(name: str) -> tuple[set[str], bool]:
+    """The top-level functions a module in app/cli defines, and whether it adds a subcommand anywhere."""
+    source = (REPO / "app" / "cli" / f"{name}.py").read_text()
+    tree = ast.parse(source)
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    adds = any(isinstance(n, ast.Attribute) and n.attr == "add_parser" for n in ast.walk(tree))
+    return functions, adds
+
+
+def test_every_command_group_has_register_and_run_and_is_in_groups() -> None:
+    modules = {m.name for m in pkgutil.iter_modules(app.cli.__path__)}
+    groups = [m.__name__.removeprefix("app.cli.") for m in app.cli.GROUPS]
+    assert len(groups) == len(set(groups)), f"a group is listed twice in GROUPS: {groups}"
+    assert {"serve", "library", "pull", "run", "gui"} <= set(groups)
+    for name in sorted(modules - CLI_HELPERS):
+        functions, adds = _defines(name)
+        where = f"app/cli/{name}.py"
+        assert {"register", "run"} <= functions, f"{where} is a command group: it needs register and run"
+        assert adds, f"{where} adds no subcommand in register (sub.add_parser)"
+        assert name in groups, f"{where} is a command group: add it to GROUPS in app/cli/__init__.py"
+    for name in CLI_HELPERS:
+        functions, adds = _defines(name)
+        assert name in modules and not adds and not {"register", "run"} & functions, (
+            f"app/cli/{name}.py is listed as a helper but looks like a command group: add it to GROUPS"
+        )
+    assert set(groups) == modules - CLI_HELPERS, "every GROUPS member is a command module in app/cli"
+
+
+def test_each_group_registers_its_own_commands() -> None:
+    owners: dict[str, str] = {}
+    sub = argparse.ArgumentParser(prog="switchyard").add_subparsers(dest="command")
+    for group in app.cli.GROUPS:
+        assert list(inspect.signature(group.run).parameters) == ["args", "ctx"], group.__name__
+        before = set(sub.choices)
+        group.register(sub)
+        added = set(sub.choices) - before
+        assert added, f"{group.__name__}.register added no command"
+        owners.update(dict.fromkeys(added, group.__name__))
+    assert owners["ls"] == "app.cli.library" and owners["gui"] == "app.cli.gui"

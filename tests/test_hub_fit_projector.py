@@ -1,5 +1,5 @@
 """Fit before download counts the vision projector a pull would fetch: its header is read from the fake hub
-with Range requests like the model's, and the remote plan equals the local plan of the paired files."""
+with Range requests like the model's, and the hub plan equals the local plan of the paired files."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _device_memory(plan: dict[str, Any]) -> dict[str, int]:
     return memory
 
 
-def test_remote_fit_counts_the_pulled_projector(fake_hub: FakeHub, tmp_path: Path) -> None:
+def test_hub_fit_counts_the_pulled_projector(fake_hub: FakeHub, tmp_path: Path) -> None:
     model = write_tiny_gguf(tmp_path / "tiny-vl-Q8_0.gguf")
     # two projectors: a pull takes the F16 one, here the larger encoder (so the two cannot be confused)
     f16 = write_tiny_mmproj(tmp_path / "mmproj-tiny-vl-F16.gguf", VisionSpec(image_size=64))
@@ -44,8 +44,8 @@ def test_remote_fit_counts_the_pulled_projector(fake_hub: FakeHub, tmp_path: Pat
     inputs = AdviceInputs(settings=settings, hardware=hardware, pins={})
     client = hub.client()
 
-    remote = fit_detail(client.detail(REPO), reader=client.reader, inputs=inputs).fit["quantizations"]["Q8_0"]  # type: ignore[index]
-    assert remote["projector"] == f16.name
+    on_hub = fit_detail(client.detail(REPO), reader=client.reader, inputs=inputs).fit["quantizations"]["Q8_0"]  # type: ignore[index]
+    assert on_hub["projector"] == f16.name
     assert fake_hub.served[f"{REPO}/{f16.name}"] > 0 and f"{REPO}/{f32.name}" not in fake_hub.served
     facts = read_gguf(model)
     assert isinstance(facts, GGUFFacts)
@@ -54,9 +54,9 @@ def test_remote_fit_counts_the_pulled_projector(fake_hub: FakeHub, tmp_path: Pat
     )
     assert not isinstance(local, GGUFProblem)
     # the memory per device is the local plan's, projector included (speed notes may differ by source)
-    assert remote["plan"]["chosen"]["devices"] == local.public()["chosen"]["devices"]
-    assert remote["verdict"] == local.verdict
-    memory = _device_memory(remote["plan"])
+    assert on_hub["plan"]["chosen"]["devices"] == local.public()["chosen"]["devices"]
+    assert on_hub["verdict"] == local.verdict
+    memory = _device_memory(on_hub["plan"])
     assert memory["projector"] > 0 and memory["projector_compute"] > 0
 
     text = fit_detail(client.detail("org/text-GGUF"), reader=client.reader, inputs=inputs).fit[
@@ -64,5 +64,5 @@ def test_remote_fit_counts_the_pulled_projector(fake_hub: FakeHub, tmp_path: Pat
     ]["Q8_0"]  # type: ignore[index]
     assert text["projector"] is None
     assert _device_memory(text["plan"])["projector"] == 0
-    total = _device_memory(remote["plan"])["total"] - _device_memory(text["plan"])["total"]
+    total = _device_memory(on_hub["plan"])["total"] - _device_memory(text["plan"])["total"]
     assert total == memory["projector"] + memory["projector_compute"]  # the projector is the difference

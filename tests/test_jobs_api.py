@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from app.core.errors import SettingsError
 from app.core.events import Event, EventBus
 from app.core.jobs import JobRegistry
-from app.core.notify import SIGNATURE_HEADER, Message, Notifier, tray_message
+from app.core.notify import POLICY_REFUSED, SIGNATURE_HEADER, Message, Notifier, tray_message
 from app.core.paths import Paths
 from app.core.settings import Settings, settings_from_mapping
 from app.runtime import Runtime
@@ -161,12 +161,23 @@ async def test_webhooks_are_signed_retried_and_deduplicated() -> None:
         }
         settings_from_mapping({"notify": config})  # a valid setting
         async with Notifier(config=lambda: config, backoff_s=0.01) as notifier:
+            # a 404 or a bad body is the client's mistake, not a refusal: none of them counts
+            for status in (404, 404, 404, 400, 422):
+                notifier.observe(Event("request.done", {"status": status, "route": "/v1/x"}))
             failed = {"id": "job-1", "job_kind": "download", "title": "pull org/x", "error": "disk full"}
             notifier.observe(Event("job.failed", failed))
             notifier.observe(Event("job.failed", failed))  # the same (event, subject): once an hour
             notifier.observe(Event("job.completed", {**failed, "error": None}))  # no hook wants it
-            for _ in range(3):
-                notifier.observe(Event("request.done", {"status": 404, "route": "/v1/x"}))
+            for _ in range(200):  # one queue, one sender: what the 4xx answers queued would be out first
+                if notifier.sent:
+                    break
+                await asyncio.sleep(0.02)
+            assert [o["event"] for o in notifier.sent] == ["job.failed"], notifier.sent
+            assert not [b for b, h in receiver.got if SIGNATURE_HEADER not in h]  # no refusal alert
+            # the policy's refusals (as app/server/safety_gate.py publishes them) count
+            refused = {"stage": "request", "model": "m", "judge": "guard", "verdict": "unsafe"}
+            for stage in ("request", "answer", "request"):
+                notifier.observe(Event(POLICY_REFUSED, {**refused, "stage": stage}))
             assert notifier.notify(Message("job.failed", "job-2", "x")) is True
             for _ in range(200):
                 if len(notifier.sent) == 3:

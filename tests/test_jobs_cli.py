@@ -1,5 +1,6 @@
-"""`switchyard jobs`, `jobs follow`, `pull --detach`, `updates` and `notify test` against a real
-`switchyard serve` and the local test hub; `jobs` after the server stopped lists what it saved."""
+"""`switchyard jobs`, `jobs follow`, `pull --detach`, `eval --detach`, `updates` and `notify test` against
+a real `switchyard serve` (a tiny llama.cpp lane for the eval) and the local test hub; `jobs` after the
+server stopped lists what it saved."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tests.conftest import link_models
 from tests.fakehub import FakeHub
 from tests.test_download_cli import switchyard
 
@@ -80,3 +82,29 @@ def test_detached_pull_followed_listed_and_kept(
     assert r.returncode == 0 and "no server is running" in r.stdout and job_id in r.stdout, r.stdout
     r = switchyard("updates", home=home)
     assert r.returncode == 0 and "every pulled model is up to date" in r.stdout, r.stdout
+
+
+def test_detached_eval_is_a_job_listed_and_finished(
+    model_store: Path, start_server: Any, tmp_path: Path
+) -> None:
+    models = link_models(tmp_path / "models", model_store / "tiny.gguf")
+    suite = tmp_path / "pinned.json"
+    case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
+    case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
+    suite.write_text(json.dumps({"name": "pinned", "cases": [case]}))
+    server = start_server(models)
+    r = switchyard("eval", "tiny", "--suite", str(suite), "--detach", "--url", server.url, home=server.home)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[0]
+    assert job_id.startswith("job-") and "jobs follow" in r.stdout, r.stdout
+    listed = json.loads(switchyard("jobs", "--json", "--url", server.url, home=server.home).stdout)
+    (mine,) = [j for j in listed if j["id"] == job_id]  # listed at once, whatever its state
+    assert mine["kind"] == "eval" and mine["title"] == "eval pinned on tiny"
+    r = switchyard("jobs", "follow", job_id, "--url", server.url, home=server.home)
+    assert r.returncode == 0 and "completed" in r.stdout.splitlines()[-1], r.stdout + r.stderr
+    listed = json.loads(switchyard("jobs", "--json", "--url", server.url, home=server.home).stdout)
+    (done,) = [j for j in listed if j["id"] == job_id]
+    assert done["state"] == "completed" and done["result"]["score"] == 1.0, done
+    assert done["steps"][-1] == {"name": "eval", "done": 1, "total": 1}
+    r = switchyard("eval", "tiny", "--history", "--json", "--url", server.url, home=server.home)
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["suite"] == "pinned", r.stdout

@@ -22,7 +22,11 @@ def test_cuda_kinds_share_the_python_engine_base() -> None:
         install = kind.install(Settings())
         why = kind.start_refusal(Settings(), None)
         assert why is not None  # no NVIDIA GPU here, or not installed: both say so
-        assert (install.note or "") in why if not install.installed else "plan_memory is off" in why
+        if install.installed:  # the GPU check speaks: no hardware was passed
+            assert "plan_memory is off" in why
+        else:  # the install check speaks first, in its own words, and they say what to install
+            assert install.note and why == install.note
+            assert f"{kind.dist()} is not installed" in why or "is here but" in why
     with pytest.raises(dataclasses.FrozenInstanceError):
         VLLM.lane = "other"  # type: ignore[misc]
 

@@ -10,9 +10,9 @@ import pytest
 
 from app.__main__ import main
 from app.core.paths import Paths
+from app.core.policy import parse_policy
 from app.core.settings import load_settings
 from app.library.opening import opened_catalog
-from app.safety.policy import parse_policy
 from tests.fakehub import FakeHub
 
 REPO = "QuantFactory/Qwen3Guard-Gen-0.6B-GGUF"

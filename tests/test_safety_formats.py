@@ -8,11 +8,11 @@ import jinja2
 import pytest
 
 from app.core.errors import SettingsError
+from app.core.policy import parse_policy
 from app.core.settings import settings_from_mapping
 from app.safety import formats
 from app.safety.formats import CUT_MARK, Turn, fit_text, fit_turns, parse, render
 from app.safety.judge import blocks
-from app.safety.policy import parse_policy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "safety"
 REFUSAL = (

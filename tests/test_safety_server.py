@@ -97,12 +97,47 @@ def test_safe_and_controversial_requests_pass_and_long_texts_fit_the_judge(serve
     )
     assert answer.choices[0].finish_reason in ("length", "stop")
     _, audit = _call(server, "GET", "/api/audit?limit=1")
-    assert audit["records"][0]["verdict"] == "safe" and audit["records"][0]["text"].startswith("START")
+    read = audit["records"][0]["text"]  # with audit_text: the text as the judge's prompt held it
+    assert audit["records"][0]["verdict"] == "safe"
+    assert read.startswith("START x") and read.endswith("x END") and "\n[...]\n" in read
+    assert len(read) < len(long_text)  # the middle left out, the start and the end both read
     _policy(server, CONTROVERSIAL)  # controversial counts as safe by default
     _client(server).chat.completions.create(model="tiny", messages=HI, max_tokens=2)
     _policy(server, CONTROVERSIAL, controversial="unsafe")
     with pytest.raises(openai.BadRequestError):
         _client(server).chat.completions.create(model="tiny", messages=HI, max_tokens=2)
+
+
+def test_the_responses_surface_refuses_and_cuts(server: Any) -> None:
+    client = _client(server)
+    _policy(server, UNSAFE)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", input="hi", max_output_tokens=4)
+    assert err.value.code == "content_policy_violation" and "violence" in str(err.value)
+    _policy(server, UNSAFE, judge="answer", stream_window=16)
+    events = list(
+        client.responses.create(
+            model="tiny", input="hi", max_output_tokens=40, stream=True, extra_body={"grammar": LONG}
+        )
+    )
+    last = events[-1]
+    assert last.type == "response.incomplete", [e.type for e in events]
+    assert last.response.incomplete_details is not None
+    assert last.response.incomplete_details.reason == "content_filter"
+    said = "".join(getattr(e, "delta", "") for e in events if e.type == "response.output_text.delta")
+    assert "42" not in said  # held back until judged, then cut
+    whole = client.responses.create(
+        model="tiny", input="hi", max_output_tokens=40, extra_body={"grammar": LONG}
+    )
+    assert whole.status == "incomplete" and whole.incomplete_details is not None
+    assert whole.incomplete_details.reason == "content_filter" and "42" not in whole.output_text
+    _policy(server, SAFE, judge="answer", stream_window=16)
+    whole = client.responses.create(
+        model="tiny", input="hi", max_output_tokens=40, extra_body={"grammar": LONG}
+    )
+    assert whole.output_text.startswith("the answer is 42")  # judged safe: released
+    assert whole.incomplete_details is None or whole.incomplete_details.reason == "max_output_tokens"
+    _call(server, "PUT", "/api/settings", {"policy": {}})
 
 
 def test_llamaguard_verdicts_and_scopes(server: Any) -> None:

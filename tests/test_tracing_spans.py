@@ -1,11 +1,14 @@
 """Traces (docs/tracing.md): the spans of real requests through an in-process server, read from the SDK's
 InMemorySpanExporter. A tiny llama.cpp lane gives the span tree (server -> resolve, wait for the lane,
 engine call, stream) with its attributes, continuing the client's traceparent; a small aiohttp stand-in,
-registered as a remote, shows the traceparent going on to a remote lane; a subprocess shows that with
-tracing off nothing of opentelemetry is imported; a stand-in collector receives the OTLP/HTTP export."""
+registered as a remote, shows the traceparent going on to a remote lane; a tiny judge model (its verdict
+pinned by a grammar) gives the judge's span; a real eval job (POST /api/jobs) gives the job and job-step
+spans; a subprocess shows that with tracing off nothing of opentelemetry is imported; a stand-in collector
+receives the OTLP/HTTP export of a job's spans."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -22,6 +25,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from app.core import tracing
 from app.core.errors import SettingsError
+from app.core.events import EventBus
+from app.core.jobs import JobHandle, JobKind, JobRegistry
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.runtime import Runtime
@@ -135,6 +140,82 @@ async def test_traceparent_is_passed_to_a_remote_lane(spans: InMemorySpanExporte
     assert dict(engine.attributes or {})["switchyard.lane"] == "remote"
 
 
+UNSAFE = 'root ::= "Safety: Unsafe\\nCategories: Violent"'
+
+
+async def test_the_judge_is_a_span_with_its_verdict_and_never_the_text(
+    spans: InMemorySpanExporter, tmp_path: Path, model_store: Path
+) -> None:
+    models = link_models(tmp_path / "models", model_store / "tiny.gguf", model_store / "tiny2.gguf")
+    judge = {"model": "tiny2", "format": "qwen3guard", "timeout_s": 60, "grammar": UNSAFE}
+    settings = Settings(
+        models_dirs=(models,),
+        plan_memory=False,
+        monitor_interval_s=0,
+        runtime="xllamacpp",
+        max_loaded_lanes=3,
+        model_overrides={"tiny2": {"parallel": 1, "ctx_size": 2048}},
+        policy={"enabled": True, "judges": [judge]},
+    )
+    rt = Runtime(settings=settings, paths=Paths(home=tmp_path / "home"))
+    secret = "SECRETSTART " + "y" * 3000 + " SECRETEND"  # longer than the judge's slot: start and end
+    async with TestClient(TestServer(make_app(rt))) as c:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": secret}], "max_tokens": 2}
+        r = await c.post(CHAT, json=body, headers={"traceparent": TRACEPARENT})
+        doc = await r.json()
+        assert r.status == 400 and doc["error"]["code"] == "content_policy_violation", doc
+    found = list(spans.get_finished_spans())
+    (server,) = _named(found, "POST /v1/chat/completions")
+    (judged,) = _named(found, "switchyard.judge")
+    assert judged.parent is not None and judged.parent.span_id == server.context.span_id
+    attrs = dict(judged.attributes or {})
+    assert (attrs["switchyard.judge"], attrs["switchyard.format"], attrs["switchyard.stage"]) == (
+        "tiny2",
+        "qwen3guard",
+        "request",
+    )
+    assert attrs["switchyard.verdict"] == "unsafe" and attrs["switchyard.blocked"] is True
+    assert tuple(attrs["switchyard.categories"]) == ("violence",)  # type: ignore[arg-type]
+    assert float(attrs["switchyard.latency_ms"]) > 0  # type: ignore[arg-type]
+    assert attrs["switchyard.text_bytes"] == len(secret) > attrs["switchyard.read_bytes"]  # type: ignore[operator]
+    # the judge's own request to its lane is traced under it; the text is in no span of the trace
+    assert "switchyard.engine" in _children(found, judged)
+    for s in found:
+        for value in dict(s.attributes or {}).values():
+            assert "SECRET" not in str(value), (s.name, value)
+    assert "switchyard.engine" not in [n for n in _children(found, server)]  # refused before the engine
+
+
+async def test_a_job_and_its_steps_are_spans(
+    spans: InMemorySpanExporter, client: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    suite = tmp_path / "pinned.json"
+    case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
+    case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
+    suite.write_text(json.dumps({"name": "pinned", "cases": [case, {**case, "id": "sum2"}]}))
+    r = await client.post("/api/jobs", json={"kind": "eval", "model": "tiny", "suite": str(suite)})
+    assert r.status == 202, await r.text()
+    job = (await r.json())["job"]
+    for _ in range(600):
+        state = (await (await client.get(f"/api/jobs/{job['id']}")).json())["state"]
+        if state not in ("queued", "running"):
+            break
+        await asyncio.sleep(0.1)
+    assert state == "completed"
+    found = list(spans.get_finished_spans())
+    (job_span,) = [s for s in _named(found, "switchyard.job") if s.attributes["switchyard.job"] == job["id"]]  # type: ignore[index]
+    j_attrs = dict(job_span.attributes or {})
+    assert (j_attrs["switchyard.job_kind"], j_attrs["switchyard.state"]) == ("eval", "completed")
+    steps = _named(found, "switchyard.job_step")
+    (step,) = [s for s in steps if s.parent is not None and s.parent.span_id == job_span.context.span_id]
+    s_attrs = dict(step.attributes or {})
+    assert (s_attrs["switchyard.job_kind"], s_attrs["switchyard.step"]) == ("eval", "eval")
+    assert (s_attrs["switchyard.done"], s_attrs["switchyard.total"]) == (2, 2)
+    assert job_span.start_time <= step.start_time and step.end_time <= job_span.end_time  # type: ignore[operator]
+    # the cases' requests went through the gateway: their server spans are in the exporter too
+    assert len(_named(found, "POST /v1/chat/completions")) >= 2
+
+
 _OFF = """
 import asyncio, sys
 from pathlib import Path
@@ -172,7 +253,7 @@ def test_tracing_off_imports_nothing(tmp_path: Path) -> None:
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
-async def test_spans_are_exported_over_otlp_http() -> None:
+async def test_spans_are_exported_over_otlp_http(tmp_path: Path) -> None:
     posted: list[tuple[str, bytes]] = []
 
     async def traces(request: web.Request) -> web.Response:
@@ -185,10 +266,21 @@ async def test_spans_are_exported_over_otlp_http() -> None:
         endpoint = str(srv.make_url("/")).rstrip("/")
         async with tracing.exporting(endpoint) as on:
             assert on and tracing.enabled()
-            with tracing.span("switchyard.job_step", job="pull") as sp:
-                assert sp.is_recording()
+
+            async def work(handle: JobHandle) -> dict[str, Any]:  # a job of the registry, step by step
+                handle.step("fetch", done=1, total=2)
+                handle.step("fetch", done=2, total=2)
+                handle.step("check")
+                return {}
+
+            async with JobRegistry(bus=EventBus(), state_file=tmp_path / "jobs.json") as jobs:
+                job = jobs.run(JobKind.EVAL, "traced job", work)
+                assert (await jobs.wait(job.id)).state.value == "completed"
         assert not tracing.enabled()  # leaving it flushed the batch and turned tracing off
-    assert posted and posted[0][0] == "application/x-protobuf" and b"switchyard.job_step" in posted[0][1]
+    assert posted and posted[0][0] == "application/x-protobuf"
+    sent = b"".join(body for _, body in posted)
+    for name in (b"switchyard.job", b"switchyard.job_step", b"fetch", b"check", job.id.encode()):
+        assert name in sent, name
     async with tracing.exporting(None) as on:
         assert not on and not tracing.enabled()
 

@@ -8,30 +8,12 @@ settings.json.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Any
 
 from app.cli.context import CliContext
 from app.cli.options import Subparsers, api_key_arg, table
 from app.core.errors import BadRequestError
-
-
-@dataclass(frozen=True)
-class KnownJudge:
-    repo: str
-    quant: str
-    format: str
-
-    @property
-    def model(self) -> str:
-        return f"{self.repo}:{self.quant}"  # the catalog's alias for the pulled file
-
-
-KNOWN: dict[str, KnownJudge] = {
-    # the default: in the seed's trials it passed ordinary coding requests and refused harmful ones
-    "qwen3guard-0.6b": KnownJudge("QuantFactory/Qwen3Guard-Gen-0.6B-GGUF", "Q8_0", "qwen3guard"),
-    "llamaguard3-1b": KnownJudge("bartowski/Llama-Guard-3-1B-GGUF", "Q8_0", "llamaguard"),
-}
+from app.safety.known import KNOWN, KnownJudge
 
 
 def register(sub: Subparsers) -> None:

@@ -239,7 +239,7 @@ class ServerAuthError(SwitchyardError):
     code = "invalid_api_key"
 
 
-# ---- hub browse (app/hub: search, model detail, remote header reads, token) ---------------------------
+# ---- hub browse (app/hub: search, model detail, header reads by Range, token) ------------------------
 class HubError(SwitchyardError):
     """The Hugging Face hub (or the mirror in hf_endpoint) could not answer a request."""
 
@@ -286,8 +286,10 @@ class HubAuthError(HubError, PermissionError):
     code = "hub_unauthorized"
 
 
-class RemoteHeaderError(HubError):
-    """A model file's header on the hub cannot be read with Range requests (too large, malformed)."""
+class HeaderReadError(HubError):
+    """A model file's header on the hub cannot be read with Range requests (too large, malformed).
+
+    The wire code keeps its published name, `remote_header_unreadable` (docs/api.md): clients match on it."""
 
     status = 422
     type = "invalid_request_error"

@@ -10,6 +10,10 @@ Every move is published once on the bus as `job.queued`, `job.started`, `job.pro
 newest KEEP_FINISHED) are kept in `<home>/jobs.json`, so a restarted server still lists them. `guard`
 names a subject ("update:org/repo") only one active job may hold at a time: a second one is a 409 saying
 which job holds it.
+
+Traces (docs/tracing.md): a job is a `switchyard.job` span from its queueing to its end, and each of its
+steps a `switchyard.job_step` span under it, from the step's first report to the next step or the end
+(attributes: the job's kind and id, the step's name and its last progress, the job's end state).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from app.core import statefile
+from app.core import statefile, tracing
 from app.core.errors import ConflictError, NotFoundError, SwitchyardError
 from app.core.events import EventBus
 
@@ -159,6 +163,8 @@ class JobRegistry:
         self._cancels: dict[str, Cancel] = {}
         self._ended: dict[str, asyncio.Event] = {}
         self._writes: set[asyncio.Future[None]] = set()
+        # the open trace spans of each active job: its own and its current step's (no-ops while off)
+        self._spans: dict[str, tuple[tracing.OpenSpan, tracing.OpenSpan | None]] = {}
 
     async def __aenter__(self) -> JobRegistry:
         for job in await asyncio.to_thread(self._load):
@@ -177,6 +183,8 @@ class JobRegistry:
         for job in self._jobs.values():  # mirrored work stops with the server (downloads resume later)
             if job.state not in TERMINAL and job.kind is not JobKind.DOWNLOAD:
                 self.settle(job, JobState.CANCELLED, error="the server stopped")
+        for job_id in list(self._spans):  # a download that resumes later: its spans end with this server
+            self._end_spans(job_id, "interrupted")
         await asyncio.gather(*self._writes, return_exceptions=True)  # the last write must be the newest
         await asyncio.to_thread(self._write, self._finished())
 
@@ -193,6 +201,19 @@ class JobRegistry:
 
     def by_source(self, source: str) -> Job | None:
         return next((j for j in self._jobs.values() if j.source == source), None)
+
+    def active(self) -> list[Job]:
+        """The queued and running jobs, newest first."""
+        return [j for j in self.all() if j.state not in TERMINAL]
+
+    def cancellable(self, job_id: str) -> bool:
+        """Whether `cancel` can stop the job now (a job of this process, or mirrored work with a stop)."""
+        job = self._jobs.get(job_id)
+        return (
+            job is not None
+            and job.state not in TERMINAL
+            and (job_id in self._tasks or job_id in self._cancels)
+        )
 
     def holder(self, guard: str) -> Job | None:
         """The active job holding `guard`, if any."""
@@ -217,6 +238,10 @@ class JobRegistry:
         job.guard = guard
         self._jobs[job.id] = job
         self._ended[job.id] = asyncio.Event()
+        job_span = tracing.open_span(
+            "switchyard.job", job_kind=kind.value, job=job.id, title=title, subject=subject
+        )
+        self._spans[job.id] = (job_span, None)
         self._publish(job, "job.queued")
         return job
 
@@ -286,7 +311,35 @@ class JobRegistry:
             job.steps[-1].done, job.steps[-1].total = done, total
         else:
             job.steps.append(Step(name, done, total))
+            self._open_step(job, name)
+        if (spans := self._spans.get(job.id)) is not None and spans[1] is not None:
+            spans[1].set_attribute(tracing.PREFIX + "done", done)
+            if total is not None:
+                spans[1].set_attribute(tracing.PREFIX + "total", total)
         self._publish(job, "job.progress")
+
+    def _open_step(self, job: Job, name: str) -> None:
+        """The step's span, under the job's; the previous step's ends (completed: a next step began)."""
+        job_span, step_span = self._spans.get(job.id, (None, None))
+        if job_span is None:
+            return
+        if step_span is not None:
+            step_span.set_attribute(tracing.PREFIX + "state", JobState.COMPLETED.value)
+            step_span.end()
+        step_span = tracing.open_span(
+            "switchyard.job_step", parent=job_span, job_kind=job.kind.value, job=job.id, step=name
+        )
+        self._spans[job.id] = (job_span, step_span)
+
+    def _end_spans(self, job_id: str, state: str, error: str | None = None) -> None:
+        job_span, step_span = self._spans.pop(job_id, (None, None))
+        for span_ in (step_span, job_span):
+            if span_ is None:
+                continue
+            span_.set_attribute(tracing.PREFIX + "state", state)
+            if state == JobState.FAILED.value:
+                tracing.fail(span_, error or "failed")
+            span_.end()
 
     def settle(
         self,
@@ -301,6 +354,7 @@ class JobRegistry:
             return
         job.state, job.error, job.result, job.ended = state, error, result, time.time()
         self._cancels.pop(job.id, None)
+        self._end_spans(job.id, state.value, error)
         self._publish(job, _EVENTS[state])
         if (ended := self._ended.get(job.id)) is not None:
             ended.set()

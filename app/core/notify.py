@@ -42,6 +42,10 @@ EVENTS = (
 SIGNATURE_HEADER = "X-Switchyard-Signature"
 DEDUP_S = 3600.0
 DEFAULT_REFUSALS_PER_HOUR = 20
+# what the refusal alert counts: a request the safety policy refused (content_policy_violation) or an
+# answer it cut (finish_reason content_filter), published by app/server/safety_gate.py; other 4xx answers
+# (a 404, a bad body) are the client's mistakes, not refusals
+POLICY_REFUSED = "safety.refused"
 _HOOK_KEYS = {"url", "kind", "secret", "events"}
 
 
@@ -192,17 +196,14 @@ class Notifier:
             await self._session.close()
 
     def observe(self, ev: Event) -> None:
-        if ev.kind == "request.done":
-            self._count_refusal(ev)
+        if ev.kind == POLICY_REFUSED:
+            self._count_refusal()
             return
         message = message_for(ev)
         if message is not None:
             self.notify(message)
 
-    def _count_refusal(self, ev: Event) -> None:
-        status = ev.data.get("status")
-        if not isinstance(status, int) or not 400 <= status < 500:
-            return
+    def _count_refusal(self) -> None:
         now = time.monotonic()
         self._refusals = [t for t in self._refusals if now - t < DEDUP_S] + [now]
         limit = int(self.config().get("refusals_per_hour", DEFAULT_REFUSALS_PER_HOUR))

@@ -15,9 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
+from app.core.policy import parse_policy  # pure: it imports only the error tree
 from app.core.speculation import adapters_of, speculation_of
 from app.core.tracing import check_endpoint
-from app.safety.policy import parse_policy  # pure: it imports only the error tree
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8686

@@ -1,11 +1,13 @@
 """Traces: OpenTelemetry spans for requests and job steps when they are asked for, and nothing when not.
 
 `span(name, **attrs)` is what the code calls, around any step (resolve, the wait for a lane, the engine
-call, the stream, a job's step). While tracing is off (the default: no `tracing_otlp_endpoint`, or the
-`opentelemetry-sdk` package absent) it returns one shared null context: opentelemetry is never imported,
-and a span costs one global read and a call. While it is on, spans go to a TracerProvider of our own (not
-OpenTelemetry's global one, which a library in the same process may have set up), exported over OTLP/HTTP
-(`exporting`), or to the exporter a test installs (`install`, with the SDK's InMemorySpanExporter).
+call, the stream, a judge). Work whose steps are not one block of code (a job, moved step by step by
+events) opens a span with `open_span` and ends it itself. While tracing is off (the default: no
+`tracing_otlp_endpoint`, or the `opentelemetry-sdk` package absent) `span` returns one shared null
+context: opentelemetry is never imported, and a span costs one global read and a call. While it is on,
+spans go to a TracerProvider of our own (not OpenTelemetry's global one, which a library in the same
+process may have set up), exported over OTLP/HTTP (`exporting`), or to the exporter a test installs
+(`install`, with the SDK's InMemorySpanExporter).
 
 The W3C `traceparent` header carries a trace between processes: `server_span` continues the trace a
 client sent, and `inject` adds the current span's header to a request for a remote lane.
@@ -40,6 +42,12 @@ class SpanLike(Protocol):
     def is_recording(self) -> bool: ...
 
 
+class OpenSpan(SpanLike, Protocol):
+    """A span its opener ends (`open_span`): it is never the current span, so it may end in another task."""
+
+    def end(self) -> None: ...
+
+
 class _NullSpan:
     __slots__ = ()
 
@@ -48,6 +56,9 @@ class _NullSpan:
 
     def is_recording(self) -> bool:
         return False
+
+    def end(self) -> None:
+        return None
 
 
 _NULL_SPAN = _NullSpan()
@@ -75,6 +86,14 @@ class _Active:
             name, context=parent, kind=self.kinds[kind], attributes=clean
         )
 
+    def open(self, name: str, *, parent: SpanLike | None, attrs: Mapping[str, Attr]) -> OpenSpan:
+        from opentelemetry import trace
+
+        context = trace.set_span_in_context(parent) if parent is not None else None  # type: ignore[arg-type]
+        clean = {PREFIX + k: v for k, v in attrs.items() if v is not None}
+        opened: OpenSpan = self.tracer.start_span(name, context=context, attributes=clean)
+        return opened
+
 
 # The one process-wide switch, like logging's configuration: spans are opened deep inside request and job
 # code that holds no Runtime, and OpenTelemetry's own context is process-wide (contextvars) as well.
@@ -93,6 +112,18 @@ def span(name: str, /, *, kind: str = "internal", **attrs: Attr) -> AbstractCont
     if active is None:
         return _NULL
     return active.start(name, kind=kind, attrs=attrs, headers=None)
+
+
+def open_span(name: str, /, *, parent: SpanLike | None = None, **attrs: Attr) -> OpenSpan:
+    """A span that stays open until its `end()`, for work moved by events rather than one block: the child
+    of `parent` when given (a job's step under its job), else of the current span. It is not made current,
+    so it may be ended from another task. Off: the null span (its end() does nothing)."""
+    active = _active
+    if active is None:
+        return _NULL_SPAN
+    return active.open(
+        name, parent=parent if parent is not None and parent.is_recording() else None, attrs=attrs
+    )
 
 
 def server_span(

@@ -25,7 +25,7 @@ from pathlib import Path
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-from app.core.errors import HubFileNotFoundError, RemoteHeaderError
+from app.core.errors import HeaderReadError, HubFileNotFoundError
 from app.formats.gguf_header import NeedMore, header_end
 from app.formats.gguf_meta import GGUFProblem
 from app.hub import client, safe_names
@@ -174,17 +174,17 @@ class RangeReader:
                 data += chunk
             verdict = needs(data)
             if isinstance(verdict, GGUFProblem):
-                raise RemoteHeaderError(f"{path} in {repo}: {verdict.reason}")
+                raise HeaderReadError(f"{path} in {repo}: {verdict.reason}")
             if isinstance(verdict, int):
                 data = data[:verdict]
                 break
             if total is not None and len(data) >= total:
-                raise RemoteHeaderError(
+                raise HeaderReadError(
                     f"{path} in {repo} ends ({total} bytes) before its header does; the file on the hub is "
                     "truncated or not what its name says"
                 )
             if verdict.at_least > self.cap:
-                raise RemoteHeaderError(
+                raise HeaderReadError(
                     f"the header of {path} in {repo} needs more than {self.cap // MIB} MiB (at least "
                     f"{verdict.at_least} bytes); it was not read to spare the download. Download the file "
                     "and check it locally (`switchyard explain PATH`)"
@@ -203,11 +203,9 @@ class RangeReader:
         try:
             header = json.loads(prefix.data[8:])
         except ValueError as exc:
-            raise RemoteHeaderError(
-                f"the safetensors header of {path} in {repo} is not JSON ({exc})"
-            ) from None
+            raise HeaderReadError(f"the safetensors header of {path} in {repo} is not JSON ({exc})") from None
         if not isinstance(header, dict):
-            raise RemoteHeaderError(f"the safetensors header of {path} in {repo} is not a JSON object")
+            raise HeaderReadError(f"the safetensors header of {path} in {repo} is not a JSON object")
         return header
 
     def small_file(
@@ -249,11 +247,11 @@ def _safetensors_needs(data: bytes) -> int | NeedMore | GGUFProblem:
 
 
 def sparse_copy(folder: Path, name: str, header: bytes, size: int) -> Path:
-    """A local stand-in for a remote file: its header bytes, then zeros up to its real size. The file is
+    """A local stand-in for a file on the hub: its header bytes, then zeros up to its real size. The file is
     sparse (the zeros take no disk on Linux and macOS), so the local GGUF readers see the real layout.
     `name` comes from the hub: it must be one safe file name, and the file stays inside `folder`."""
-    safe_names.check_file_part("a remote header read", name)
-    path = safe_names.inside(folder, folder / name, repo="a remote header read")
+    safe_names.check_file_part("a hub header read", name)
+    path = safe_names.inside(folder, folder / name, repo="a hub header read")
     with path.open("wb") as f:
         f.write(header)
         f.truncate(max(size, len(header)))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-FORMATS = ("qwen3guard", "llamaguard")
+from app.core.policy import FORMATS  # the parser (core) names them; their prompts are here
+
 STAGES = ("request", "answer")
 LEVELS = ("safe", "controversial", "unsafe")
 CUT_MARK = "\n[...]\n"  # where the middle of a long text was left out

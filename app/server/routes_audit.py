@@ -11,8 +11,8 @@ import asyncio
 from aiohttp import web
 
 from app.core.errors import BadRequestError
+from app.core.policy import parse_policy
 from app.safety.formats import LEVELS
-from app.safety.policy import parse_policy
 from app.server.keys import RUNTIME
 from app.server.safety_gate import audit_log
 

@@ -49,6 +49,12 @@ UPDATES: web.AppKey[UpdateChecker] = web.AppKey("updates", UpdateChecker)
 NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
 
 
+def registry(app: web.Application) -> JobRegistry | None:
+    """The app's job registry while it runs (None before its startup and after its cleanup): what the
+    desktop's jobs panel reads, in the same process."""
+    return app.get(JOBS)
+
+
 def pulled_models(rt: Runtime) -> list[Pulled]:
     """Each model pulled from a hub, with the repository paths and sha256 of the files it uses."""
     out = []

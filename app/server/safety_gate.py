@@ -5,7 +5,8 @@ Every surface calls the same three: `check_request` (a refused request is a Cont
 the error middleware writes in the surface's shape: OpenAI 400 `content_policy_violation`, Anthropic 400
 `invalid_request_error`, Ollama 400 `{"error"}`); `judged_deltas` for the translated surfaces (held-back
 text released a window at a time, cut with Finish("content_filter")); `judged_whole` and
-`relay_judged` for the OpenAI pass-through. Each verdict is written to audit.db and counted in /metrics.
+`relay_judged` for the OpenAI pass-through. Each verdict is written to audit.db and counted in /metrics;
+each one that blocks is published as a `safety.refused` event (what the notifier's refusal alert counts).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from aiohttp import web
 
 from app.chat.deltas import Delta, Finish, Text
 from app.core.errors import BadRequestError
+from app.core.notify import POLICY_REFUSED
+from app.core.policy import Policy, parse_policy
 from app.lanes.target import Target
 from app.safety.audit import AuditLog, AuditRecord
 from app.safety.formats import Turn
 from app.safety.judge import Judgement, judge
-from app.safety.policy import Policy, parse_policy
 from app.server.gateway import Gateway
 from app.server.keys import GATEWAY, RUNTIME
 from app.server.metrics import METRICS, note_usage
@@ -123,7 +125,9 @@ def _refusal(j: Judgement) -> str:
 
 async def _record(gate: Gate, j: Judgement, turns: list[Turn]) -> None:
     key = gate.request.get(CLIENT)
-    text = turns[-1].text if gate.policy.audit_text and turns else None
+    text = None
+    if gate.policy.audit_text and turns:  # what the judge read: a long text's start and end around [...]
+        text = j.read if j.read is not None else turns[-1].text
     rows = [
         AuditRecord(
             model=gate.model,
@@ -159,6 +163,16 @@ async def _record(gate: Gate, j: Judgement, turns: list[Turn]) -> None:
         blocked=j.blocked,
         failed=[f.judge for f in j.failures],
     )
+    if j.blocked:
+        gate.request.app[RUNTIME].bus.publish(
+            POLICY_REFUSED,
+            stage=j.stage,
+            model=gate.model,
+            judge=j.judge,
+            verdict=j.label,
+            categories=list(j.verdict.categories) if j.verdict is not None else [],
+            client=key,
+        )
     try:
         await asyncio.to_thread(audit_log(gate.request.app).add, *rows)
     except Exception as exc:  # an audit that cannot be written must not take the answer down

@@ -87,9 +87,17 @@ async def _unload(rt: Runtime, model_id: str) -> None:
 
 
 async def gated_update(
-    rt: Runtime, *, model_id: str, gate: Gate, ask: Ask, emit: Emit, revision: str = "main"
+    rt: Runtime,
+    *,
+    model_id: str,
+    gate: Gate,
+    ask: Ask,
+    emit: Emit,
+    revision: str = "main",
+    on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Fetch, score and switch or discard, emitting `job`, `case` and `decision` events on the way."""
+    """Fetch, score and switch or discard, emitting `job` and `case` events on the way; `on_step` hears
+    the last step begin ("decide": the switch, or the candidate's removal)."""
     repo = await updatable(rt, model_id)
     suite = await asyncio.to_thread(load_suite, gate.suite)  # a bad suite is refused before any download
     downloads = rt.downloads
@@ -129,6 +137,8 @@ async def gated_update(
         await asyncio.to_thread(rt.catalog.scan)
         raise
     await _unload(rt, candidate)
+    if on_step is not None:
+        on_step("decide")
     decision: dict[str, Any] = {
         "model": model_id,
         "repo": repo,
@@ -170,7 +180,8 @@ def gated_update_job(
     emit: Emit | None = None,
 ) -> Job:
     """The gated update as a job of the server, one per repository at a time (a second is a 409 naming
-    the first): its steps are the download, the cases and the decision; `emit` also gets every event."""
+    the first): its steps are the download, the cases and the decision (each a `switchyard.job_step`
+    span, docs/tracing.md); `emit` also gets every event."""
 
     async def work(handle: JobHandle) -> dict[str, Any]:
         def both(kind: str, data: dict[str, Any]) -> None:
@@ -182,6 +193,8 @@ def gated_update_job(
                 emit(kind, data)
 
         async with asking() as ask:
-            return await gated_update(rt, model_id=model_id, gate=gate, ask=ask, emit=both)
+            return await gated_update(
+                rt, model_id=model_id, gate=gate, ask=ask, emit=both, on_step=lambda s: handle.step(s)
+            )
 
     return jobs.run(JobKind.UPDATE, f"gated update of {model_id}", work, subject=repo, guard=f"update:{repo}")

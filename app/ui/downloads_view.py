@@ -1,5 +1,7 @@
 """The downloads panel under Discover: one row per job (a repeated download replaces its finished row),
-fed by `download.*` events; Pause/Resume, Cancel, Clear finished; a failure's text below the table.
+fed by `download.*` events; Pause/Resume, Cancel, Clear finished; a failure's text below the table. Beside
+it, the jobs panel (app/ui/jobs_view.py): every running job of the server (pulls, updates, eval runs,
+engine installs) with its progress and a Cancel, so running work is shown in this one place.
 
 Finished downloads are kept in ui.json (the download manager forgets them once done), so after a restart
 the panel shows them beside the failed and paused jobs it brings back, until Clear finished.
@@ -22,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.ui import fmt
 from app.ui.context import Desk
+from app.ui.jobs_view import JobsPanel
 from app.ui.pages import table
 from app.ui.wording import for_window
 
@@ -44,8 +47,14 @@ class DownloadsPanel(QWidget):
         super().__init__()
         self.desk = desk
         self.report = report
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
+        # the jobs panel goes under the downloads: beside them it squeezed the Downloads table's
+        # buttons out of view at 1024 px
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        lay = QVBoxLayout()
+        outer.addLayout(lay, 3)
+        self.jobs_panel = JobsPanel(desk, report=report)
+        outer.addWidget(self.jobs_panel, 2)
         head = QHBoxLayout()
         head.addWidget(QLabel("<b>Downloads</b>"), 1)
         self.clear_btn = QPushButton("Clear finished")

@@ -12,7 +12,7 @@ import pytest
 from app.advice.explain import explain
 from app.advice.hub_fit import fit_detail
 from app.advice.inputs import AdviceInputs
-from app.core.errors import RemoteHeaderError
+from app.core.errors import HeaderReadError
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.formats.gguf_header import NeedMore, header_end
@@ -33,7 +33,7 @@ REPO = "org/tiny-GGUF"
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory, large_model: Path) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("remote-fit")
+    d = tmp_path_factory.mktemp("hub-fit")
     split = write_gguf(d / "split" / "m.gguf", GGUFSpec(n_layer=4, split_max_tensors=8))
     out = {"Q4_K_M": write_tiny_gguf(d / "a.gguf", TinySpec(seed=3)), "Q8_0": large_model}
     out.update({f"part{i}": p for i, p in enumerate(split.paths, 1)})
@@ -77,7 +77,7 @@ def test_header_end_matches_the_gguf_reader(files: dict[str, Path]) -> None:
     assert isinstance(header_end(b"NOPE" + bytes(40)), GGUFProblem)
 
 
-def test_remote_fit_reads_little_and_equals_local_fit(
+def test_hub_fit_reads_little_and_equals_local_fit(
     fake_hub: FakeHub, files: dict[str, Path], hardware: Hardware
 ) -> None:
     _add(fake_hub, files)
@@ -102,16 +102,16 @@ def test_remote_fit_reads_little_and_equals_local_fit(
         "Q2_K": [files[k] for k in sorted(files) if k.startswith("part")],
     }
     for name, paths in locals_.items():
-        remote = by_quant[name]
+        on_hub = by_quant[name]
         local = fit_for(_local_entry(paths), hub.settings, hardware=hardware)
         assert not isinstance(local, GGUFProblem)
-        assert remote["plan"] == local.public(), name
-        assert remote["verdict"] == local.verdict and remote["summary"] == local.summary
+        assert on_hub["plan"] == local.public(), name
+        assert on_hub["verdict"] == local.verdict and on_hub["summary"] == local.summary
         inputs = AdviceInputs(settings=hub.settings, hardware=hardware, pins={})
         doc = explain(_local_entry(paths), inputs=inputs).public()
-        assert remote["lane"] == doc["decision"]["lane"] and remote["lane"] is not None
-        assert remote["reasons"] == doc["decision"]["reasons"]
-        assert remote["facts"] == doc["facts"]
+        assert on_hub["lane"] == doc["decision"]["lane"] and on_hub["lane"] is not None
+        assert on_hub["reasons"] == doc["decision"]["reasons"]
+        assert on_hub["facts"] == doc["facts"]
     # every part of the multi-part model was read (each part has its own header and tensor table)
     n_parts = len(locals_["Q2_K"])
     assert n_parts > 1
@@ -175,7 +175,7 @@ def test_range_grows_by_doubling_and_stops_at_the_cap(fake_hub: FakeHub, files: 
     assert ranges[:3] == ["bytes=0-1023", "bytes=1024-2047", "bytes=2048-4095"]
     assert len(ranges) >= 3 and prefix.fetched < 2 * end
     capped = RangeReader(config, ReadCache(hub.cache_root / "cap"), first=1024, cap=4096)
-    with pytest.raises(RemoteHeaderError, match="needs more than"):
+    with pytest.raises(HeaderReadError, match="needs more than"):
         capped.gguf_header(REPO, commit, "tiny-Q4_K_M.gguf")
 
 
@@ -192,10 +192,10 @@ def test_server_ignoring_range_still_reads_only_a_prefix(
         inputs=AdviceInputs(settings=hub.settings, hardware=hardware, pins={}),
         only="Q8_0",
     )
-    remote = detail.fit["quantizations"]["Q8_0"]  # type: ignore[index]
+    on_hub = detail.fit["quantizations"]["Q8_0"]  # type: ignore[index]
     local = fit_for(_local_entry([files["Q8_0"]]), hub.settings, hardware=hardware)
-    assert not isinstance(local, GGUFProblem) and remote["plan"] == local.public()
-    assert remote["header_bytes_fetched"] < files["Q8_0"].stat().st_size // 10
+    assert not isinstance(local, GGUFProblem) and on_hub["plan"] == local.public()
+    assert on_hub["header_bytes_fetched"] < files["Q8_0"].stat().st_size // 10
 
 
 def test_gated_fit_says_what_to_do(fake_hub: FakeHub, files: dict[str, Path], hardware: Hardware) -> None:

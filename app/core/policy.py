@@ -1,7 +1,8 @@
 """The `policy` setting (docs/safety.md): whether and what the safety judges judge, read into a Policy.
 
-Pure (it imports only the error tree), so app/core/settings.py checks the setting when settings load:
-a bad policy is refused with the key at fault, before the server starts.
+Pure (it imports only the error tree) and in core, so app/core/settings.py checks the setting when settings
+load: a bad policy is refused with the key at fault, before the server starts. The judges that apply it
+are app/safety (formats.py writes each guard's prompt for the FORMATS named here).
 
     "policy": {
       "enabled": true,
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.errors import SettingsError
-from app.safety.formats import FORMATS
 
+FORMATS = ("qwen3guard", "llamaguard")  # the guard models' prompt formats (app/safety/formats.py)
 GROUPS = ("openai", "anthropic", "ollama", "responses")  # the route groups a scope may name
 _KEYS = {"enabled", "judge", "judges", "fail", "controversial", "audit_text", "scope", "stream_window"}
 _JUDGE_KEYS = {"model", "format", "timeout_s", "max_tokens", "grammar"}
