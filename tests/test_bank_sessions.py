@@ -8,7 +8,10 @@ supersede rule and its identity check are also tried on a real SQLite file witho
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +21,9 @@ import httpx
 import openai
 import pytest
 
+from app.core.units import fmt_bytes
 from app.lanes.bank import BankStore, Checkpoint, Identity, bank_dir, fingerprints, new_checkpoint_id
-from tests.conftest import ServerProcess, link_models, wait_gone
+from tests.conftest import REPO, ServerProcess, link_models, wait_gone
 from tests.tinymodels import TinySpec, write_tiny_gguf
 
 PINNED = {"grammar": 'root ::= "the answer is 42"'}
@@ -155,6 +159,81 @@ def test_a_conversation_stays_warm_across_swaps_restarts_and_refuses_what_it_can
         _stop(server)
 
 
+def _cli(home: Path, *args: str) -> str:
+    """`switchyard ARGS` as a user runs it beside the server of `home`; its output, after success."""
+    env = dict(os.environ, SWITCHYARD_HOME=str(home))
+    done = subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _lane(server: ServerProcess, model: str) -> dict[str, Any]:
+    r = httpx.get(server.url + "/api/lanes", timeout=10)
+    r.raise_for_status()
+    return next(ln for ln in r.json()["lanes"] if ln["model"] == model)
+
+
+def _wait(check: Any, what: str, within: float = 30) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_an_idle_stop_banks_the_conversation_and_the_cli_shows_it(tmp_path: Path, model_store: Path) -> None:
+    models = link_models(tmp_path / "models", model_store / "tiny.gguf")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.json").write_text(json.dumps({"idle_ttl_s": 4, "parallel": 2}))
+    server = _start(home, models)
+    try:
+        client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        convo = _first_turn("forests")
+        first = _ask(client, "tiny", convo)
+        convo += [{"role": "assistant", "content": "the answer is 42"}, {"role": "user", "content": "More."}]
+
+        # both footprints, in /api/lanes and in `switchyard ps`: the prediction and the settle measurement
+        row = _wait(lambda: (ln := _lane(server, "tiny"))["footprint_measured"] and ln, "a settle footprint")
+        measured, predicted = row["footprint_measured"], row["footprint_predicted"]
+        assert measured["source"] == "measured" and measured["total"] == measured["devices"]["CPU"] > 0
+        assert predicted["source"] == "predicted" and predicted["total"] > 0
+        assert row["footprint"] == measured  # residency plans with the measurement once there is one
+        ps = _cli(home, "ps")
+        head, line = ps.splitlines()[0], next(x for x in ps.splitlines() if x.startswith("tiny "))
+        assert "MEASURED" in head and "PREDICTED" in head
+        assert fmt_bytes(measured["total"]) in line and fmt_bytes(predicted["total"]) in line, ps
+        assert "session bank" not in ps  # nothing saved yet
+
+        # idle past its TTL: the lane stops, and its conversation is saved into the bank on the way
+        _wait(lambda: _lane(server, "tiny")["state"] == "stopped", "the idle stop")
+        rows = [c for c in _bank(server)["checkpoints"] if c["model"] == "tiny"]
+        assert len(rows) == 1 and rows[0]["tokens"] >= first.usage.prompt_tokens, rows
+        assert "idle for 4 s" in server.stderr_text()
+        ps = _cli(home, "ps")
+        assert f"session bank: 1 saved conversation(s), {fmt_bytes(rows[0]['bytes'])} of " in ps, ps
+        listed = _cli(home, "bank", "ls")
+        assert listed.startswith("session bank: 1 saved conversation(s)"), listed
+        assert any(x.split()[:3] == ["tiny", str(rows[0]["tokens"]), "2"] for x in listed.splitlines()), (
+            listed
+        )
+
+        # the conversation comes back: the lane starts again and the banked prefix is restored, not re-read
+        again = _ask(client, "tiny", convo)
+        assert _cached(again) >= first.usage.prompt_tokens - 1, again.usage
+        assert _bank(server)["counters"]["restores"] == 1
+
+        cleared = _cli(home, "bank", "clear")
+        assert cleared.startswith("dropped 1 of every saved conversations"), cleared
+        assert _cli(home, "bank", "ls").startswith("session bank: 0 saved conversation(s)")
+        assert "session bank" not in _cli(home, "ps")
+    finally:
+        _stop(server)
+
+
 def _saved(store: BankStore, identity: Identity, messages: list[dict[str, Any]], size: int) -> Checkpoint:
     cid = new_checkpoint_id()
     (store.slots / f"{cid}.bin").write_bytes(b"x" * size)
@@ -209,3 +288,29 @@ def test_the_store_keeps_its_budget_the_longest_prefix_and_only_its_own_identity
     (tmp_path / "bank" / "bank.db").write_bytes(b"not a database at all" * 100)
     assert store.checkpoints() == []  # a damaged index is moved aside and the bank starts empty
     assert list((tmp_path / "bank").glob("bank.db.corrupt-*"))
+
+
+def test_a_container_runtime_says_why_it_does_not_bank(
+    tmp_path: Path, model_store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.core.settings import Settings
+    from app.lanes.llamaserver import plan_for
+    from app.lanes.runtimes import RuntimeChoice
+    from app.library.catalog import Catalog
+
+    models = link_models(tmp_path / "models", model_store / "tiny.gguf")
+    settings = Settings(models_dirs=(models,))
+    assert settings.session_bank  # on by default: only the container turns it off
+    entry = Catalog([models]).get("tiny")
+    choice = RuntimeChoice(
+        "docker", "cpu", "chosen for the test", (), image="ghcr.io/ggml-org/llama.cpp:server"
+    )
+    with caplog.at_level("INFO", logger="switchyard.llamaserver"):
+        plan = plan_for(choice, entry, settings, ppid=os.getpid(), free_port=1, hardware=None, used=None)
+    said = [r.getMessage() for r in caplog.records if "session bank off" in r.getMessage()]
+    assert said == [
+        "session bank off for tiny: llama-server runs in a docker container, which cannot write the bank's "
+        "folder on this machine (the bin or xllamacpp runtime banks)"
+    ]
+    assert said[0] in plan.notes and plan.params.slot_save_path == ""
+    assert "--slot-save-path" not in plan.argv  # and the bank, which reads the plan, saves nothing

@@ -14,7 +14,6 @@ import pytest
 from app.core.errors import ContextLengthExceededError
 from app.core.paths import Paths
 from app.core.settings import Settings
-from app.lanes.llamacpp import DEFAULT_SLOT_CTX
 from app.runtime import Runtime
 from app.server.prompt_window import check_window, mlx_window
 from tests.mlxgen import write_mlx_llama
@@ -24,6 +23,7 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("tokenizers")
 
 WINDOW = 64
+DEFAULT_CTX = 96  # the configured default context: the bound of a folder whose config.json has no window
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,7 @@ async def rt(mlx_models: Path) -> AsyncIterator[Runtime]:
         models_dirs=(mlx_models,),
         residency="memory",
         max_loaded_lanes=2,
+        ctx_size=DEFAULT_CTX,
         mlx_prompt_cache_size=4,  # mlx-lm's own prompt cache: MLX lanes do not bank
         mlx_prompt_cache_mib=64,
     )
@@ -81,4 +82,21 @@ async def test_mlx_lane_contract_and_window_preflight(rt: Runtime) -> None:
     with pytest.raises(ContextLengthExceededError) as exc:
         await check_window(lane, {"prompt": ["w3", "w4 " * 70]}, route="completions", settings=rt.settings)
     assert exc.value.param == "prompt" and "70 tokens" in exc.value.message
-    assert DEFAULT_SLOT_CTX > WINDOW  # the fallback for a folder without a window is the default context
+    assert "max_position_embeddings in its config.json" in exc.value.message
+
+    # the folder without a trained window, started for real: ctx 0, and admission falls back to the
+    # configured default context (a prompt past the other model's 64-token window fits; past 96 does not)
+    bare = await sup.load("nowindow-mlx")
+    assert bare.plan is not None and getattr(bare.plan.params, "trained_context", "?") is None
+    assert {r["model"]: r for r in sup.snapshot()}["nowindow-mlx"]["ctx"] == 0
+    assert mlx_window(bare, rt.settings) == (DEFAULT_CTX, Path(bare.plan.params.model_path))
+    between = {"messages": [{"role": "user", "content": "w3 " * 80}]}
+    with pytest.raises(ContextLengthExceededError):
+        await check_window(lane, between, route="chat", settings=rt.settings)
+    await check_window(bare, between, route="chat", settings=rt.settings)
+    with pytest.raises(ContextLengthExceededError, match=rf"window of {DEFAULT_CTX} tokens") as exc:
+        await check_window(
+            bare, {"messages": [{"role": "user", "content": "w3 " * 120}]}, route="chat", settings=rt.settings
+        )
+    assert "max_position_embeddings" not in exc.value.message
+    assert "no trained window" in exc.value.message and "ctx_size" in exc.value.message

@@ -21,12 +21,22 @@ def register(sub: Subparsers) -> None:
     api_key_arg(ps)
 
 
-def _memory(lane: dict[str, Any]) -> str:
-    """The footprint residency plans with: measured once a load settles, predicted before (`~`)."""
-    fp = lane.get("footprint")
-    if not isinstance(fp, dict) or fp.get("total") is None:
-        return "runtime-managed" if lane.get("capacity") == "runtime-managed" else "-"
-    return ("" if fp.get("source") == "measured" else "~") + fmt_bytes(int(fp["total"]))
+def _footprints(lane: dict[str, Any]) -> tuple[str, str]:
+    """(measured, predicted): the settle footprint of the model's last load and the plan's prediction;
+    residency plans with the measured one once there is one. MLX lanes predict nothing (runtime-managed)."""
+    out = []
+    for source in ("measured", "predicted"):
+        fp = lane.get(f"footprint_{source}")
+        if f"footprint_{source}" not in lane:  # an older server: only the figure in use, with its source
+            used = lane.get("footprint")
+            fp = used if isinstance(used, dict) and used.get("source") == source else None
+        if isinstance(fp, dict) and fp.get("total") is not None:
+            out.append(fmt_bytes(int(fp["total"])))
+        elif source == "predicted" and lane.get("capacity") == "runtime-managed":
+            out.append("none (runtime-managed)")
+        else:
+            out.append("-")
+    return out[0], out[1]
 
 
 def _bank_line(server: ServerClient) -> None:
@@ -61,7 +71,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if not lanes:
         print(f"server at {url}: no lanes yet (a lane starts when a request names its model)")
     else:
-        rows = [("MODEL", "STATE", "PID", "PORT", "IN-FLIGHT", "MEMORY", "ERROR")]
+        rows = [("MODEL", "STATE", "PID", "PORT", "IN-FLIGHT", "MEASURED", "PREDICTED", "ERROR")]
         for ln in lanes:
             rows.append(
                 (
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                     str(ln["pid"] or "-"),
                     str(ln["port"] or "-"),
                     str(ln["in_flight"]),
-                    _memory(ln),
+                    *_footprints(ln),
                     (ln["error"] or "")[:120],
                 )
             )

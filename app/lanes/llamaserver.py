@@ -9,6 +9,7 @@ run `llama-server` under the guard; `docker` and `podman` run the upstream image
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -27,6 +28,7 @@ from app.library.model import ModelEntry
 from app.routing.engines import build_title
 from app.routing.model import LaneInstall
 
+log = logging.getLogger("switchyard.llamaserver")
 MODELS_MOUNT = "/models"
 PROJECTOR_MOUNT = "/mmproj"
 
@@ -106,7 +108,15 @@ def _container_plan(entry: ModelEntry, settings: Settings, choice: RuntimeChoice
     )
     wrapper = (*module_argv("app.lanes.containers"), choice.runtime, run.name, "--")
     argv = (*module_argv("app.lanes.guard"), str(ppid), "--", *wrapper, *containers.run_argv(run))
-    return dataclasses.replace(base, argv=argv, port=free_port)
+    params, notes = base.params, base.notes
+    if params.slot_save_path:  # banking was on for this model: say why it is off, once per start
+        why = (
+            f"session bank off for {entry.id}: llama-server runs in a {choice.runtime} container, which "
+            "cannot write the bank's folder on this machine (the bin or xllamacpp runtime banks)"
+        )
+        log.info(why)
+        params, notes = dataclasses.replace(params, slot_save_path=""), (*notes, why)
+    return dataclasses.replace(base, argv=argv, port=free_port, params=params, notes=notes)
 
 
 def plan_for(

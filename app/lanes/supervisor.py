@@ -1,11 +1,13 @@
 """The supervisor: lanes started just in time, swapped under a memory policy, unloaded when idle.
 
-Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` side lanes (embedding
+Policy: at most `max_loaded_lanes` generation lanes and `max_embedding_lanes` embedding lanes (embedding
 models and rerankers together) are loaded; asking for another stops the least recently used idle one
 first (waiting for its in-flight requests to finish, up to `drain_timeout_s`). With `residency:
 "memory"` lanes also stay loaded together while their footprints fit (app/lanes/residency.py), and a
-newcomer that lacks memory stops the least recently used idle ones first. A lane idle for its TTL is
-stopped.
+newcomer that lacks memory stops the least recently used idle ones first. In `single` mode too, small
+side lanes (embeddings, rerankers, speech transcription and voices) load beside the text lane when their
+footprint fits, and otherwise stop the least recently used idle lanes that hold the memory they lack,
+each decision in the lane log. A lane idle for its TTL is stopped.
 """
 
 from __future__ import annotations
@@ -60,13 +62,15 @@ from app.library.catalog import Catalog, ModelEntry
 from app.routing.engines import title
 
 log = logging.getLogger("switchyard.supervisor")
-# side lanes (embedding models, rerankers) share one limit, so loading one never evicts a chat lane
-_SIDE_KINDS = frozenset({"embedding", "rerank"})
+# side lanes: small models that load beside the text lane when their footprint fits, in both modes
+_SIDE_KINDS = frozenset({"embedding", "rerank", "transcription", "speech"})
+# embedding models and rerankers share one count limit (max_embedding_lanes); a count never evicts a chat lane
+_SHARED_SIDE = frozenset({"embedding", "rerank"})
 
 
 def _pool(kind: str) -> str:
     """The group of lane kinds whose count one limit caps."""
-    return "side" if kind in _SIDE_KINDS else kind
+    return "side" if kind in _SHARED_SIDE else kind
 
 
 def _rerank_note(entry: ModelEntry, capability: str) -> str | None:
@@ -113,6 +117,8 @@ class Supervisor:
         self.kinds: dict[str, EngineKind] = engine_kinds()
         # per model: the settle footprint of its last load (kept after it stops: the next load's need)
         self.settled: dict[str, Footprint] = {}
+        # per model: a prediction made before a start where the plan carries none (side lanes' file sizes)
+        self.predicted: dict[str, Footprint] = {}
         self._gpu_before: dict[str, dict[str, int]] = {}  # cards' memory used just before a start
 
     async def __aenter__(self) -> Supervisor:
@@ -145,7 +151,7 @@ class Supervisor:
         lane = self.lanes.get(entry.id)
         kind = self.kinds.get(lane.engine) if lane is not None else None
         kind = kind or default_kind(entry, self.kinds)
-        return kind.capabilities(entry) if kind is not None else frozenset()
+        return kind.capabilities(entry, self.settings) if kind is not None else frozenset()
 
     def capability_error(self, entry: ModelEntry, capability: str) -> CapabilityMissingError | None:
         """None when `entry` can do `capability`; else a 400 naming the lanes and models that can."""
@@ -251,6 +257,8 @@ class Supervisor:
             await self._swap_out(victim, target, busy=f"{limit}; retry, or raise max_loaded_lanes")
         if self.settings.residency == "memory":
             await self._make_memory_room(target)
+        elif target.kind in _SIDE_KINDS:
+            await self._make_memory_room(target, side=True)
         # the card's memory just before the start: the settle footprint is the delta from it
         self._gpu_before[target.model_id] = await asyncio.to_thread(gpu_used_now, self.hardware)
 
@@ -269,15 +277,25 @@ class Supervisor:
                 target.ring.add(line)
             await victim.stop(reason=f"swapped out for {target.model_id}")
 
-    async def _make_memory_room(self, target: Lane) -> None:
+    async def _make_memory_room(self, target: Lane, *, side: bool = False) -> None:
         """Residency "memory": stop the least recently used idle lanes until `target`'s footprint fits
-        (busy ones only after they finish); refuse with the numbers when even that would not do."""
+        (busy ones only after they finish); refuse with the numbers when even that would not do.
+        `side` (a side lane in single mode): the same rule, but where stopping every other lane would
+        not make it fit, nothing is stopped and the start is tried anyway (the engine's start decides)."""
         need = self.need_of(target)
         for _ in range(len(self.lanes)):
             others = [ln for ln in self.lanes.values() if ln is not target and ln.state is LaneState.READY]
             free = self._free(others)
             room = plan_room(need, free=free, residents=[self._resident(ln) for ln in others])
             numbers = describe(need, free)
+            if room.short and side:
+                line = (
+                    f"--- switchyard: loading {target.model_id} without stopping other lanes: it {numbers}, "
+                    f"and stopping them all would still leave it {fmt_devices(room.short)} short"
+                )
+                log.warning(line.removeprefix("--- switchyard: "))
+                target.ring.add(line)
+                return
             if room.short:
                 raise ModelTooLargeError(
                     f"cannot load {target.model_id!r}: it {numbers}, and stopping every other lane would "
@@ -287,7 +305,9 @@ class Supervisor:
             if not room.victims:
                 if others:
                     beside = ", ".join(ln.model_id for ln in others)
-                    target.ring.add(f"--- switchyard: loading {target.model_id} beside {beside}: {numbers}")
+                    line = f"--- switchyard: loading {target.model_id} beside {beside}: {numbers}"
+                    log.info(line.removeprefix("--- switchyard: "))
+                    target.ring.add(line)
                 return
             victim = self.lanes[room.victims[0].id]
             busy = f"{target.model_id!r} {numbers}; retry when it is done, or unload a model"
@@ -306,11 +326,14 @@ class Supervisor:
         return Resident(lane.id, lane.in_flight > 0, lane.last_used or 0.0, self.footprint_of(lane))
 
     def footprint_of(self, lane: Lane) -> Footprint | None:
-        """What `lane` takes: its model's last settle footprint, else its plan's prediction (MLX: none)."""
+        """What `lane` takes: its model's last settle footprint, else its prediction (MLX: none)."""
         measured = self.settled.get(lane.model_id)
-        if measured is not None:
-            return measured
-        return predicted_footprint(lane.plan.predicted()) if lane.plan is not None else None
+        return measured if measured is not None else self.prediction_of(lane)
+
+    def prediction_of(self, lane: Lane) -> Footprint | None:
+        """`lane`'s predicted footprint: its plan's, else one made before its start (None for MLX)."""
+        planned = predicted_footprint(lane.plan.predicted()) if lane.plan is not None else None
+        return planned if planned is not None else self.predicted.get(lane.model_id)
 
     def need_of(self, lane: Lane) -> Footprint | None:
         """What starting `lane` will take: as `footprint_of`, else a fresh llama.cpp memory plan."""
@@ -319,7 +342,15 @@ class Supervisor:
             return known
         try:
             entry = self.catalog.get(lane.model_id)
-            if self.kind_for(entry).lane != "llama.cpp":
+            engine = self.kind_for(entry).lane
+            if engine != "llama.cpp" and lane.kind in _SIDE_KINDS and engine != "mlx":
+                # a speech model (whisper.cpp, piper) maps its files whole: their size until one is measured
+                size = sum(f.size for f in entry.files) or _size_of(entry.path)
+                guess = Footprint({"CPU": size}, "predicted") if size else None
+                if guess is not None:
+                    self.predicted[lane.model_id] = guess
+                return guess
+            if engine != "llama.cpp":
                 return None  # runtime-managed kinds are known by their measured footprint only
             hw = dataclasses.replace(self.hardware, memory=read_memory())
             report = fit_for(entry, self.settings, hardware=hw, used=self.gpu_used(exclude=lane.id))
@@ -430,11 +461,21 @@ class Supervisor:
 
     def residency_of(self, lane: Lane) -> dict[str, object]:
         """What residency plans with, for ps, /api/lanes and the Lanes page: the footprint used (measured
-        or predicted), how the engine's context memory is known, its window and KV estimate."""
+        or predicted) and both figures beside it, how the engine's context memory is known, its window
+        and KV estimate."""
         kind = self.kinds.get(lane.engine)
         capacity = lane.plan.memory if lane.plan is not None else (kind.memory if kind else None)
-        fp = self.footprint_of(lane)
-        row: dict[str, object] = {"footprint": fp.public() if fp else None, "capacity": capacity}
+        fp, measured, predicted = (
+            self.footprint_of(lane),
+            self.settled.get(lane.model_id),
+            self.prediction_of(lane),
+        )
+        row: dict[str, object] = {
+            "footprint": fp.public() if fp else None,  # the one residency plans with
+            "footprint_measured": measured.public() if measured else None,
+            "footprint_predicted": predicted.public() if predicted else None,
+            "capacity": capacity,
+        }
         if lane.engine == "mlx":
             # MLX grows its cache as requests come: the trained window is the bound, no KV estimate
             params = lane.plan.params if lane.plan is not None else None
@@ -450,3 +491,13 @@ class Supervisor:
             return trained_context(self.catalog.get(lane.model_id).path)
         except SwitchyardError:
             return None
+
+
+def _size_of(path: Path) -> int:
+    """Bytes of a model file, or of every file in a model folder; 0 when it cannot be read."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    except OSError:
+        return 0

@@ -43,10 +43,18 @@ async def check_window(
     n = sum(counts) if route == "chat" else max(counts)
     if n < window:
         return
+    params = getattr(getattr(target, "plan", None), "params", None)
+    if getattr(params, "trained_context", None):
+        where = "max_position_embeddings in its config.json"
+    else:  # no trained window in config.json: the bound is the configured default context
+        where = (
+            "its config.json states no trained window, so the configured default context applies; "
+            "set ctx_size to change it"
+        )
     raise ContextLengthExceededError(
         f"the prompt is at least {n} tokens, but model {target.model_id!r} has a window of {window} tokens "
-        "(max_position_embeddings in its config.json), and a prompt must leave room for at least one "
-        "generated token; shorten the prompt or the conversation",
+        f"({where}), and a prompt must leave room for at least one generated token; shorten the prompt "
+        "or the conversation",
         param=param or ("messages" if route == "chat" else "prompt"),
     )
 

@@ -1,4 +1,5 @@
-"""Lanes: every lane's state, model, pid, port, memory and uptime, its live log, Restart/Stop; and the
+"""Lanes: every lane's state (generating while it serves requests), model, pid, port, memory (measured and
+predicted) and uptime, its live log, Restart/Stop; remote endpoints, with a form to add one; and the
 engines, with their versions and Install / Update / Rollback (app/ui/engines_view.py)."""
 
 from __future__ import annotations
@@ -8,11 +9,13 @@ import time
 from functools import partial
 from typing import Any
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QTableWidgetItem,
@@ -25,6 +28,7 @@ from app.ui.engines_view import EnginesPanel
 from app.ui.pages import Page, table
 
 STRIP_SECONDS = 300  # the lanes' strips show the last five minutes
+TICK_MS = 500  # while the page is shown: a request starting or ending sends no event, so look this often
 
 
 class LanesPage(Page):
@@ -64,6 +68,20 @@ class LanesPage(Page):
         self.remotes = QLabel()
         self.remotes.setWordWrap(True)
         self.root.addWidget(self.remotes)
+        add = QHBoxLayout()
+        self.remote_name = QLineEdit()
+        self.remote_name.setPlaceholderText("Name (e.g. desktop)")
+        self.remote_url = QLineEdit()
+        self.remote_url.setPlaceholderText("Address (e.g. http://192.168.1.20:8080/v1)")
+        self.remote_key = QLineEdit()
+        self.remote_key.setPlaceholderText("API key, if it asks for one")
+        self.remote_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.remote_add = QPushButton("Add remote")
+        self.remote_add.clicked.connect(self.add_remote)
+        for w in (self.remote_name, self.remote_url, self.remote_key):
+            add.addWidget(w, 1)
+        add.addWidget(self.remote_add)
+        self.root.addLayout(add)
         # conversations saved when llama.cpp lanes stopped (app/lanes/bank.py), restored when they return
         self.bank = QLabel()
         self.bank.setWordWrap(True)
@@ -77,6 +95,9 @@ class LanesPage(Page):
         self.log.setPlaceholderText("Select a lane to see its engine's output.")
         self.root.addWidget(self.log, 1)
         self.ids: list[str] = []
+        self.ticker = QTimer(self)
+        self.ticker.setInterval(TICK_MS)
+        self.ticker.timeout.connect(self.tick)
         desk.bridge.received.connect(self._on_event)
         self.refresh()
         self.show_remotes()
@@ -95,10 +116,20 @@ class LanesPage(Page):
                 self.show_bank()  # a stopping lane has just saved its conversations
         elif kind.startswith("remote."):
             self.show_remotes()
-        elif kind == "hardware.sample" and self.isVisible():
-            # the 1 Hz sample doubles as the log's tick: no timer of our own, nothing while hidden
-            self.show_log()
-            self.refresh()
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        self.tick()
+        self.ticker.start()
+
+    def hideEvent(self, event: Any) -> None:
+        super().hideEvent(event)
+        self.ticker.stop()  # nothing while hidden
+
+    def tick(self) -> None:
+        """The table and the selected lane's log, as they are now (a lane's requests come and go unseen)."""
+        self.refresh()
+        self.show_log()
 
     def refresh(self) -> None:
         snaps = self.desk.runtime.supervisor.snapshot()
@@ -187,8 +218,9 @@ class LanesPage(Page):
         rows = remotes.public() if remotes is not None else []
         if not rows:
             self.remotes.setText(
-                "Remote endpoints: none. Add one with <tt>switchyard remote add NAME URL</tt> "
-                "to route <tt>NAME/MODEL</tt> to another machine."
+                "Remote endpoints: none. To use the models of a server on another computer, enter a name "
+                "and its address below and press Add remote; its models then appear here as "
+                "<tt>NAME/MODEL</tt>."
             )
             return
         parts = []
@@ -198,6 +230,30 @@ class LanesPage(Page):
             text = f"({r['url']}) {r['state']}{why}, {models} model(s)"
             parts.append(f"<b>{html.escape(str(r['name']))}</b> {html.escape(text)}")
         self.remotes.setText("Remote endpoints: " + "; ".join(parts))
+
+    def add_remote(self) -> None:
+        """Register the remote in the form (checked at once; its state shows above)."""
+        from app.core.secrets import Secret
+
+        name, url, key = (w.text().strip() for w in (self.remote_name, self.remote_url, self.remote_key))
+        if not name or not url:
+            self.report(
+                "Enter a name and the address of the other server (e.g. http://192.168.1.20:8080/v1)."
+            )
+            return
+        remotes = getattr(self.desk.runtime, "remotes", None)
+        if remotes is None:
+            self.report("Remote endpoints are not available in this window.")
+            return
+
+        async def add() -> None:
+            await remotes.add(name, url, key=Secret(key) if key else None, models=())
+            for w in (self.remote_name, self.remote_url, self.remote_key):
+                w.clear()
+            self.clear_report()
+            self.show_remotes()
+
+        self.desk.spawn(add(), disable=[self.remote_add], report=self.report)
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
@@ -240,10 +296,15 @@ class LanesPage(Page):
 
 
 def _memory(row: dict[str, Any]) -> str:
-    """The footprint residency plans with: measured at the last load's settle, else the plan's prediction."""
-    fp = row.get("footprint")
-    if isinstance(fp, dict) and fp.get("total"):
-        return f"{fmt.size(int(fp['total']))} ({fp.get('source')})"
+    """Both footprints: measured when the last load settled (what residency plans with, once there is
+    one) and the plan's prediction; else the engine's resident memory now."""
+    parts = []
+    for source in ("measured", "predicted"):
+        fp = row.get(f"footprint_{source}")
+        if isinstance(fp, dict) and fp.get("total"):
+            parts.append(f"{fmt.size(int(fp['total']))} {source}")
+    if parts:
+        return ", ".join(parts)
     measured = row.get("measured")
     rss = measured.get("rss_bytes") if isinstance(measured, dict) else None
     return fmt.size(rss) if rss else "-"
