@@ -344,16 +344,7 @@ def render(doc: dict[str, Any]) -> str:
     )
     chosen = fit.get("chosen")
     if chosen:
-        out.append(
-            f"  {'device':<8}{'weights':>12}{'KV cache':>12}{'compute':>12}{'overhead':>12}"
-            f"{'prompt cache':>14}{'total':>12}"
-        )
-        for d in chosen["devices"]:
-            out.append(
-                f"  {d['device']:<8}{fmt_bytes(d['weights']):>12}{fmt_bytes(d['kv_cache']):>12}"
-                f"{fmt_bytes(d['compute']):>12}{fmt_bytes(d['overhead']):>12}{fmt_bytes(d['prompt_cache']):>14}"
-                f"{fmt_bytes(d['total']):>12}"
-            )
+        out.extend(_device_table(chosen["devices"]))
     out.append("placements:")
     for p in fit["placements"]:
         mark = "fits" if p["fits"] else "does not fit"
@@ -388,6 +379,31 @@ def render(doc: dict[str, Any]) -> str:
     if m.get("rss_bytes"):
         out.append(f"    engine process RSS {fmt_bytes(m.get('rss_bytes'))}")
     return "\n".join(out)
+
+
+# the memory table's columns: (key, heading, width); the vision projector's two only for a model with one
+_COLUMNS = (
+    ("weights", "weights", 12),
+    ("kv_cache", "KV cache", 12),
+    ("compute", "compute", 12),
+    ("projector", "projector", 12),
+    ("projector_compute", "proj. compute", 15),
+    ("overhead", "overhead", 12),
+    ("prompt_cache", "prompt cache", 14),
+    ("total", "total", 12),
+)
+_PROJECTOR_KEYS = ("projector", "projector_compute")
+
+
+def _device_table(devices: list[dict[str, Any]]) -> list[str]:
+    """The chosen placement's memory per device and component: the vision projector's weights and its
+    encoder's compute buffer get columns of their own (on the device the launch puts them)."""
+    vision = any(d.get(k) for d in devices for k in _PROJECTOR_KEYS)
+    cols = [c for c in _COLUMNS if vision or c[0] not in _PROJECTOR_KEYS]
+    lines = [f"  {'device':<8}" + "".join(f"{head:>{w}}" for _k, head, w in cols)]
+    for d in devices:
+        lines.append(f"  {d['device']:<8}" + "".join(f"{fmt_bytes(d.get(k) or 0):>{w}}" for k, _h, w in cols))
+    return lines
 
 
 def _speed_text(p: dict[str, Any]) -> str:

@@ -53,8 +53,9 @@ def cmd_ls(args: argparse.Namespace, ctx: CliContext) -> int:
     from app.library.listing import listing
     from app.library.opening import opened_catalog
 
-    with opened_catalog(ctx.settings(args), ctx.paths) as (library, catalog):
-        models = listing(library, catalog)
+    settings = ctx.settings(args)
+    with opened_catalog(settings, ctx.paths) as (library, catalog):
+        models = listing(library, catalog, settings)
     dirs = [str(d) for d in catalog.dirs]
     remote_models = remote.remote_models(ctx.paths)  # NAME/MODEL of each remote (docs/engines.md)
     if args.json:

@@ -183,10 +183,18 @@ def split_weights(layout: GGUFLayout, *, gpu_layers: int) -> tuple[int, int]:
     return host, gpu
 
 
+def projector_on_gpu(gpu_layers: int, *, gpu_devices: int) -> bool:
+    """Whether the vision projector runs on the GPU: the launch's rule (`mmproj_use_gpu = gpu_layers !=
+    0`, the projector goes where the layers go), on a machine with a GPU at all."""
+    return gpu_devices > 0 and gpu_layers != 0
+
+
 def breakdown(
     layout: GGUFLayout, *, params: FitParams, gpu_devices: int = 0, projector_bytes: int = 0
 ) -> tuple[DeviceUse, ...]:
-    """Memory per device for this placement. GPU layers are split evenly across `gpu_devices`."""
+    """Memory per device for this placement. GPU layers are split evenly across `gpu_devices`. The vision
+    projector goes where the launch puts it (app/lanes/llamacpp.py: `mmproj_use_gpu = gpu_layers != 0`):
+    on GPU0 when this placement offloads any layer, else in host memory."""
     host_w, gpu_w = split_weights(layout, gpu_layers=params.gpu_layers if gpu_devices else 0)
     kv = kv_layer_bytes(layout, params=params)
     n = layout.block_count
@@ -196,13 +204,14 @@ def breakdown(
     compute = compute_bytes(layout, params=params)
     projector_bytes = projector_bytes or params.projector_bytes
     proj_compute = params.projector_compute_bytes
+    proj_gpu = projector_on_gpu(params.gpu_layers, gpu_devices=gpu_devices)
     host = DeviceUse(
         "CPU",
         weights=host_w,
         kv_cache=kv_host,
         compute=compute if not on_gpu else compute // 8,  # the host keeps a small buffer on offload
-        projector=projector_bytes if not gpu_devices else 0,
-        projector_compute=proj_compute if not gpu_devices else 0,
+        projector=projector_bytes if not proj_gpu else 0,
+        projector_compute=proj_compute if not proj_gpu else 0,
         draft=params.draft_bytes if not on_gpu else 0,
         lora=params.lora_bytes if not on_gpu else 0,
         overhead=HOST_BASELINE,
@@ -219,8 +228,8 @@ def breakdown(
                 weights=round(gpu_w * share),
                 kv_cache=round(kv_gpu * share),
                 compute=compute if on_gpu else 0,
-                projector=projector_bytes if g == 0 else 0,
-                projector_compute=proj_compute if g == 0 else 0,
+                projector=projector_bytes if proj_gpu and g == 0 else 0,
+                projector_compute=proj_compute if proj_gpu and g == 0 else 0,
                 draft=params.draft_bytes if on_gpu and g == 0 else 0,
                 lora=params.lora_bytes if on_gpu and g == 0 else 0,
                 overhead=GPU_CONTEXT,

@@ -56,8 +56,9 @@ class EngineKind(Protocol):
         """Why it cannot start on this machine (installed or not), or None."""
         ...
 
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
-        """What this model on this lane can be asked to do (app.lanes.plan.CAPABILITIES)."""
+    def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
+        """What this model on this lane can be asked to do (app.lanes.plan.CAPABILITIES); with `settings`,
+        what its per-model overrides change (a llama.cpp model's `mmproj`: vision on or off)."""
         ...
 
     def build(

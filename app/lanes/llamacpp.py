@@ -293,12 +293,14 @@ class LlamaCppKind:
         install = self.install(settings)
         return None if install.installed else install.note
 
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+    def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
+        """With `settings`, vision follows the model's `mmproj` override (ModelEntry.projector), as the
+        start does; without, the library's pairing alone."""
         if entry.kind == "embedding":
             return frozenset({"embeddings"})
         if entry.kind == "rerank":
             return frozenset({"rerank"})
-        vision = {"vision"} if entry.mmproj is not None else set()  # its projector loads with it
+        vision = {"vision"} if entry.projector(settings) is not None else set()  # it loads with it
         return frozenset({"chat", "completions", "tools", *vision})
 
     def build(

@@ -45,7 +45,7 @@ def plain_refusal(entry: ModelEntry) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class MistralRsKind(PythonEngineKind):
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+    def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
         if entry.format == "gguf" and entry.facts is not None and entry.facts.is_embedding:
             return frozenset()  # an embedding GGUF: llama.cpp runs it, this lane does not
         return self.offers

@@ -70,7 +70,7 @@ class PythonEngineKind:
         install = self.install(settings)
         return None if install.installed else install.note
 
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+    def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
         return self.offers
 
     def model_refusal(self, entry: ModelEntry) -> str | None:

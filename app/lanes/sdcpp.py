@@ -166,7 +166,7 @@ class SDCppKind:
         install = self.install(settings)
         return None if install.installed else install.note
 
-    def capabilities(self, entry: ModelEntry) -> frozenset[str]:
+    def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
         return frozenset({"images"})
 
     def build(

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core.settings import Settings
 from app.library.catalog import Catalog
 from app.library.store import Library
 
 
-def listing(library: Library, catalog: Catalog) -> list[dict[str, Any]]:
-    """Each entry's public form, with files (sha256 where known) and added/last-used times from library.db."""
+def listing(library: Library, catalog: Catalog, settings: Settings) -> list[dict[str, Any]]:
+    """Each entry's public form (its projector as the model's `mmproj` override says), with files (sha256
+    where known) and added/last-used times from library.db."""
     entries = catalog.scan()
     rows = {r["id"]: r for r in library.rows()}
     out = []
     for e in entries:
         row = rows.get(e.id, {})
-        doc = e.public()
+        doc = e.public(settings)
         doc["files"] = row.get("files", [f.public() for f in e.files])
         doc["added_at"] = row.get("added_at")
         doc["last_used_at"] = row.get("last_used_at")

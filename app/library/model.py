@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.settings import Settings
 from app.formats.detect import ModelFormat, detect_format
 from app.formats.gguf_meta import GGUFFacts
 
@@ -23,6 +24,17 @@ _RUN_TODAY = (
 )
 # sources whose files Switchyard may delete on `rm` without --delete-files (its own copies and the cache)
 OWNED_SOURCES = frozenset({"hf_cache", "download", "import_copy"})
+
+
+def projector_for(model_path: Path, paired: Path | None, *, override: str | None) -> Path | None:
+    """The projector a lane loads: the override (absolute, or relative to the model's folder) when one is
+    set, else the automatic pairing. An override of "" or "none" turns vision off for the model."""
+    if override is None:
+        return paired
+    if override.strip().lower() in ("", "none"):
+        return None
+    p = Path(override).expanduser()
+    return p if p.is_absolute() else model_path.parent / p
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,21 @@ class ModelEntry:
     def size(self) -> int:
         return sum(f.size for f in self.files)
 
-    def public(self) -> dict[str, Any]:
+    def projector(self, settings: Settings | None = None) -> Path | None:
+        """The one answer to "which vision projector loads with this model", which the lane start, the
+        image check, capabilities (/v1/models, /api/show), `ls` and the Library page all follow:
+        `model_overrides[id].mmproj` when set ("none" or "": no vision), else the library's pairing
+        (`mmproj`, library/pairing.py). Neither read nor checked here (pairing.vision_projector does that
+        before a start), so listings stay cheap. Without `settings` the pairing alone answers."""
+        if self.format != "gguf" or (self.facts is not None and self.facts.is_embedding):
+            return None
+        override = settings.override(self.id, "mmproj", None) if settings is not None else None
+        return projector_for(self.path, self.mmproj, override=override)
+
+    def public(self, settings: Settings | None = None) -> dict[str, Any]:
+        """The entry as the API and `switchyard ls` show it; with `settings`, `mmproj` and `vision` follow
+        the model's `mmproj` override (without, the library's own pairing)."""
+        mmproj = self.projector(settings)
         return {
             "id": self.id,
             "path": str(self.path),
@@ -127,7 +153,7 @@ class ModelEntry:
             "location": str(self.location) if self.location else None,
             "size": self.size,
             "quant": self.quant,
-            "mmproj": str(self.mmproj) if self.mmproj else None,
-            "vision": self.mmproj is not None,
+            "mmproj": str(mmproj) if mmproj else None,
+            "vision": mmproj is not None,
             "origin": self.origin.public() if self.origin else None,
         }

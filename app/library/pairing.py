@@ -3,20 +3,20 @@
 A projector pairs with a text model when it sits in the same folder (or the same Hugging Face snapshot)
 and its `clip.vision.projection_dim` equals the text model's embedding length: llama.cpp refuses any other
 at load. A header without that key pairs only when it is the one projector there. `model_overrides[id]
-.mmproj` names one explicitly (resolved by `projector_for`), which wins over the automatic choice.
+.mmproj` names one explicitly, which wins over the automatic choice: `ModelEntry.projector(settings)`
+(library/model.py) is the one rule for which projector loads, and every surface asks it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from app.core.errors import ModelBrokenError
 from app.core.settings import Settings
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
+from app.library.model import ModelEntry, projector_for
 
-if TYPE_CHECKING:
-    from app.library.model import ModelEntry
+__all__ = ["is_projector_file", "pair_projector", "projector_for", "projector_layout", "vision_projector"]
 
 
 def is_projector_file(path: Path) -> bool:
@@ -62,22 +62,12 @@ def pair_projector(
     return unsized[0] if len(found) == 1 and unsized else None
 
 
-def projector_for(model_path: Path, paired: Path | None, *, override: str | None) -> Path | None:
-    """The projector a lane loads: the override (absolute, or relative to the model's folder) when one is
-    set, else the automatic pairing. An override of "" or "none" turns vision off for the model."""
-    if override is None:
-        return paired
-    if override.strip().lower() in ("", "none"):
-        return None
-    p = Path(override).expanduser()
-    return p if p.is_absolute() else model_path.parent / p
-
-
 def vision_projector(entry: ModelEntry, settings: Settings) -> tuple[Path, GGUFLayout] | None:
-    """The vision projector this model loads with (the override, else the library's pairing) and its
-    layout; ModelBrokenError, in words, for one that is missing, not a projector, or the wrong width."""
+    """The vision projector this model loads with (`ModelEntry.projector`: the override, else the pairing)
+    and its layout; ModelBrokenError, in words, for one that is missing, not a projector, or the wrong
+    width."""
     override = settings.override(entry.id, "mmproj", None)
-    path = projector_for(entry.path, entry.mmproj, override=override)
+    path = entry.projector(settings)
     if path is None:
         return None
     fix = f"fix or remove model_overrides[{entry.id!r}].mmproj" if override else "remove or replace it"

@@ -15,6 +15,7 @@ import base64
 import binascii
 import ipaddress
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,9 @@ from app.core.errors import (
     UnsupportedImageTypeError,
 )
 from app.core.settings import Settings
-from app.fit.projector import image_tokens
+from app.fit.projector import image_tokens, vision_geometry
 from app.library.model import ModelEntry
-from app.library.pairing import projector_layout, vision_projector
+from app.library.pairing import vision_projector
 from app.server.image_check import TAKEN, ImageInfo, inspect, webp_as_png
 
 MIB = 1 << 20
@@ -280,25 +281,70 @@ async def check_request_images(
     return await prepare_images(body, policy=ImagePolicy.of(settings), label=label)
 
 
-def tokens_per_image(target: object) -> int | None:
-    """Tokens one image takes on a local llama.cpp lane (fixed by its projector), else None."""
+def _projector_path(target: object) -> Path | None:
+    """The projector a local llama.cpp lane was started with, else None."""
     plan = getattr(target, "plan", None)
     path = getattr(getattr(plan, "params", None), "mmproj_path", "") if plan is not None else ""
-    if not path:
+    return Path(path) if path else None
+
+
+def tokens_per_image(target: object) -> int | None:
+    """Tokens one image takes on a local llama.cpp lane whose projector fixes the count (llava's mlp/ldp,
+    Gemma 3), else None (a dynamic-resolution projector: see `image_token_counts`)."""
+    path = _projector_path(target)
+    geometry = vision_geometry(path) if path is not None else None
+    return image_tokens(geometry) if geometry is not None else None
+
+
+def image_token_counts(body: dict[str, Any], target: object) -> list[int] | None:
+    """Tokens each image of a (checked) chat body takes on a local llama.cpp lane, from its projector and
+    each image's own size, as llama.cpp counts them: the dynamic-resolution projectors (Qwen-VL, Pixtral)
+    included. None where a count is not known (no projector here, a projector type not counted, an image
+    that is not a data: URL)."""
+    path = _projector_path(target)
+    geometry = vision_geometry(path) if path is not None else None
+    if geometry is None:
         return None
-    layout = projector_layout(Path(path))
-    return image_tokens(layout) if layout is not None else None
+    counts = []
+    for where, part in image_parts(body):
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        size = None
+        if isinstance(url, str) and url.startswith("data:"):
+            try:
+                data, _mime = decode_data_url(url, where=where, max_bytes=1 << 62)
+                info = inspect(data, where=where)
+            except BadRequestError:
+                return None
+            size = (info.width, info.height)
+        n = image_tokens(geometry, size)
+        if n is None:
+            return None
+        counts.append(n)
+    return counts
 
 
-def check_image_tokens(n_images: int, per_image: int | None, *, slot: int, model: str, where: str) -> int:
-    """The images' tokens; TooManyImagesError, with the numbers, when they alone fill the context."""
+def check_image_tokens(
+    n_images: int, per_image: int | Sequence[int] | None, *, slot: int, model: str, where: str
+) -> int:
+    """The images' tokens; TooManyImagesError, with the numbers, when they alone fill the context.
+    `per_image`: one count for every image (a fixed-size projector) or each image's own count."""
     if not n_images or per_image is None:
         return 0
-    need = n_images * per_image
+    counts = [per_image] * n_images if isinstance(per_image, int) else list(per_image)
+    if not counts:
+        return 0
+    need = sum(counts)
     if need >= slot:
+        each = f"{counts[0]} each" if len(set(counts)) == 1 else "by size: " + ", ".join(map(str, counts))
+        fit, total = 0, 0
+        for n in counts:
+            if total + n >= slot:
+                break
+            fit, total = fit + 1, total + n
         raise TooManyImagesError(
-            f"{n_images} image(s) take {need} tokens ({per_image} each) on model {model!r}, but a request "
-            f"has a context of {slot} tokens; send at most {max(0, (slot - 1) // per_image)} image(s), or "
+            f"{len(counts)} image(s) take {need} tokens ({each}) on model {model!r}, but a request "
+            f"has a context of {slot} tokens; send at most {fit} image(s) (or smaller ones), or "
             f"raise ctx_size or lower parallel (model_overrides[{model!r}] in settings.json)",
             param=where,
         )

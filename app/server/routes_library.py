@@ -29,7 +29,7 @@ _LOADED = (LaneState.STARTING, LaneState.READY, LaneState.STOPPING)
 
 def _one(rt: Runtime, model_id: str) -> dict[str, object]:
     entry = rt.catalog.get(model_id, allow_broken=True)
-    for doc in listing(rt.library, rt.catalog):
+    for doc in listing(rt.library, rt.catalog, rt.settings):
         if doc["id"] == entry.id:
             return doc
     raise ModelNotFoundError(f"model {model_id!r} is not in the library", param="model")
@@ -44,7 +44,7 @@ async def library_list(request: web.Request) -> web.Response:
             "library": str(rt.library.path),
             "dirs": [str(d) for d in rt.catalog.dirs],
             "hf_cache": str(rt.catalog.hf_cache),
-            "models": listing(rt.library, rt.catalog),
+            "models": listing(rt.library, rt.catalog, rt.settings),
         }
     )
 

@@ -153,7 +153,7 @@ async def _show(request: web.Request) -> web.StreamResponse:
         return web.json_response(remote_show(remote))
     entry = resolve(rt, name)
     request[MODEL] = entry.id
-    doc = show(entry)
+    doc = show(entry, rt.settings)
     slots = request.app[GATEWAY].planned
     await plan_for_listing(slots, [entry], budget_s=60.0)  # one model: plan it now, however long
     if (limits := limits_of(rt, entry, rt.supervisor.lanes.get(entry.id), slots=slots)) is not None:

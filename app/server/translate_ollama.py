@@ -18,6 +18,7 @@ from typing import Any
 
 from app.chat.deltas import Delta, Finish, Reasoning, Text, ToolCallPart, Usage
 from app.core.errors import SwitchyardError
+from app.core.settings import Settings
 from app.lanes.remote import RemoteLane
 from app.library.catalog import ModelEntry
 from app.server.translate_engine import parse_arguments
@@ -580,7 +581,8 @@ def running(entry: ModelEntry, snapshot: dict[str, Any], *, ttl_s: float) -> dic
     return row
 
 
-def show(entry: ModelEntry) -> dict[str, Any]:
+def show(entry: ModelEntry, settings: Settings | None = None) -> dict[str, Any]:
+    """/api/show for a local GGUF; with `settings`, "vision" follows the model's `mmproj` override."""
     facts = entry.facts
     assert facts is not None
     arch = facts.architecture
@@ -603,7 +605,7 @@ def show(entry: ModelEntry) -> dict[str, Any]:
     caps = ["embedding"] if entry.kind == "embedding" else ["completion"]
     if entry.kind == "chat" and "tools" in template:
         caps.append("tools")
-    if entry.mmproj is not None:  # a vision projector loads with it
+    if entry.projector(settings) is not None:  # a vision projector loads with it (its override followed)
         caps.append("vision")
     return {
         "modelfile": f"# served by Switchyard from {entry.path}\nFROM {entry.path}\n",

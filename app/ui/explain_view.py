@@ -26,7 +26,11 @@ SEGMENTS = (
     ("weights", "weights", QColor("#1e88e5")),
     ("kv_cache", "KV cache", QColor("#fb8c00")),
     ("compute", "compute + overhead", QColor("#8e24aa")),
+    ("projector", "vision projector", QColor("#00897b")),
+    ("projector_compute", "projector compute", QColor("#80cbc4")),
 )
+# parts shown only when the model has them (a text model's legend names no projector)
+OPTIONAL = frozenset({"projector", "projector_compute"})
 
 
 OVER = QColor("#e53935")  # the part past the device's limit
@@ -122,6 +126,21 @@ def normalize(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def device_parts(d: dict[str, Any], used: int) -> dict[str, int]:
+    """One device's bar: what others use, then the model's parts. The vision projector's weights and its
+    encoder's compute buffer are parts of their own; a draft model and LoRA adapters are weights too."""
+    weights = int(d.get("weights", 0)) + int(d.get("draft", 0)) + int(d.get("lora", 0))
+    other = int(d.get("compute", 0)) + int(d.get("overhead", 0)) + int(d.get("prompt_cache", 0))
+    return {
+        "used": used,
+        "weights": weights,
+        "kv_cache": int(d.get("kv_cache", 0)),
+        "compute": other,
+        "projector": int(d.get("projector", 0)),
+        "projector_compute": int(d.get("projector_compute", 0)),
+    }
+
+
 def _capacity(device: str, hw: dict[str, Any]) -> int:
     if device.upper() == "CPU":
         return int(hw.get("ram_total") or 0)
@@ -149,9 +168,7 @@ class ExplainView(QWidget):
             dev = d["device"]
             cap = _capacity(dev, n["hardware"]) or int(d["total"] + budget.get(dev, 0))
             used = max(cap - int(budget.get(dev, cap)), 0)
-            other = int(d.get("compute", 0) + d.get("overhead", 0) + d.get("prompt_cache", 0))
-            other += int(d.get("projector", 0))
-            parts = {"used": used, "weights": d["weights"], "kv_cache": d["kv_cache"], "compute": other}
+            parts = device_parts(d, used)
             bar = MemoryBar(parts, cap)
             if bar.over:
                 fill = f", <span style='color:{OVER.name()}'><b>{size(bar.over)} over the limit</b></span>"
@@ -162,6 +179,7 @@ class ExplainView(QWidget):
             legend = "   ".join(
                 f"<span style='color:{c.name()}'>■</span> {label} {size(parts[k])}"
                 for k, label, c in SEGMENTS
+                if k not in OPTIONAL or parts[k]
             )
             legend += "   ┃ the device's limit" + (
                 f"   <span style='color:{OVER.name()}'>▨</span> past it" if bar.over else ""

@@ -1,9 +1,12 @@
-"""Library: the local models with format, quant, size, fit, loaded state, last use and origin; Load/Unload,
-Chat, Explain, Delete (confirmed; refused while loaded) and Import (button or drag and drop)."""
+"""Library: the local models with format (and vision), quant, size (the vision projector included), fit,
+last eval score, loaded state, last use and origin; a detail line for the selected model (its files, the
+projector it loads with, the context per request, its last eval); Load/Unload, Chat, Explain, Delete
+(confirmed; refused while loaded) and Import (button or drag and drop)."""
 
 from __future__ import annotations
 
 import asyncio
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +28,16 @@ from app.core.errors import ModelInUseError
 from app.hub.update_check import read_updates
 from app.library.importer import import_model
 from app.library.listing import listing
+from app.library.model import ModelEntry
 from app.library.remove import remove_model
+from app.quality.store import EvalStore
 from app.routing.engines import title
 from app.ui import fmt
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.pages.tune import TunePanel
 
-COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Loaded", "Last used", "Origin"]
+COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Eval", "Loaded", "Last used", "Origin"]
 LOADED = ("ready", "starting")
 
 
@@ -65,10 +70,16 @@ class LibraryPage(Page):
             self.buttons[name] = b
         self.root.addLayout(bar)
         self.root.addWidget(self.status)
-        self.table = table(COLUMNS)
+        # long names wrap onto a second line instead of being cut ("…-70B-…" and "…-8B-…" stay apart at
+        # 1024 px); the whole name is also in each row's tooltip
+        self.table = table(COLUMNS, wrap=True)
         self.table.setSortingEnabled(True)
         self.table.doubleClicked.connect(lambda _: self.chat())
         self.root.addWidget(self.table, 1)
+        self.detail = QLabel("")  # the selected model: files, projector, context per request, last eval
+        self.detail.setWordWrap(True)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.root.addWidget(self.detail)
         self.tune = TunePanel(desk)
         self.root.addWidget(_sideways(self.tune))
         self.table.itemSelectionChanged.connect(self._selection_changed)
@@ -100,10 +111,15 @@ class LibraryPage(Page):
         rt = self.desk.runtime
 
         def read() -> list[dict[str, Any]]:
-            docs = listing(rt.library, rt.catalog)
+            docs = listing(rt.library, rt.catalog, rt.settings)
+            scores = _last_scores(rt.paths.evals_db)
             for d in docs:
                 d["fit_text"] = "-"
                 d["lane_text"] = "-"
+                d["context_text"] = None
+                d["eval"] = scores.get(d["id"])
+                entry = rt.catalog.find(d["id"])
+                d.update(_vision(entry, rt.settings) if entry is not None else {"vision": False})
                 if rt.hardware is None or d.get("problem"):
                     d["fit_text"] = "broken" if d.get("problem") else "-"
                     continue
@@ -116,6 +132,11 @@ class LibraryPage(Page):
                     chosen = (doc.get("decision") or {}).get("lane")
                     d["lane_text"] = title(chosen) if chosen else "none"
                     fit = doc.get("fit") or {}
+                    chosen_fit = fit.get("chosen") or {}
+                    if chosen_fit.get("ctx_size"):  # what one request may hold, as Discover and Chat say
+                        d["context_text"] = fmt.context(
+                            int(chosen_fit["ctx_size"]), parallel=int(chosen_fit.get("parallel") or 1)
+                        )[1]
                     v = {  # predicted (calibrated, else a range) beside measured, as explain shows them
                         "verdict": fit.get("verdict"),
                         "tokens_per_s": doc.get("tokens_per_s"),
@@ -134,24 +155,35 @@ class LibraryPage(Page):
         for i, d in enumerate(self.rows):
             lane = lanes.get(d["id"])
             origin = d.get("origin") or {}
-            size = int(d.get("size") or sum(int(f.get("size") or 0) for f in d.get("files") or []))
+            weights = int(d.get("size") or sum(int(f.get("size") or 0) for f in d.get("files") or []))
+            size = weights + int(d.get("projector_size") or 0)  # what the model takes on disk, all of it
             cells = [
                 d["id"],
-                d.get("format") or "-",
+                (d.get("format") or "-") + (" + vision" if d.get("vision") else ""),
                 d.get("quant") or _quant(d) or "-",
                 fmt.size(size),
                 title(lane.plan.engine) if lane and lane.plan else d["lane_text"],  # running: where it runs
                 d["fit_text"],
+                _eval_text(d.get("eval")),
                 str(lane.state) if lane and str(lane.state) != "stopped" else "no",
                 fmt.ago(d.get("last_used_at")),
                 (origin.get("repo") or d.get("source") or "-")
                 + (" (update available)" if d["id"] in self.updates else ""),
             ]
+            tips = {
+                "Name": d["id"],
+                "Format": _vision_tip(d),
+                "Size": f"weights {fmt.size(weights)} + vision projector {fmt.size(d['projector_size'])}"
+                if d.get("projector_size")
+                else "",
+                "Eval": _eval_tip(d.get("eval")),
+            }
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
                 item.setData(Qt.ItemDataRole.UserRole, d["id"])
                 if j == COLUMNS.index("Size"):
                     item.setData(Qt.ItemDataRole.UserRole + 1, size)
+                item.setToolTip(tips.get(COLUMNS[j]) or c)
                 self.table.setItem(i, j, item)
         self.table.setSortingEnabled(True)
         self.empty.setVisible(not self.rows)
@@ -167,8 +199,11 @@ class LibraryPage(Page):
     def _selection_changed(self) -> None:
         rows = self.table.selectionModel().selectedRows()
         item = self.table.item(rows[0].row(), 0) if rows else None
-        self.tune.show_model(str(item.data(Qt.ItemDataRole.UserRole)) if item else None)
+        mid = str(item.data(Qt.ItemDataRole.UserRole)) if item else None
+        self.tune.show_model(mid)
         self._enable(item is not None)
+        row = next((d for d in self.rows if d["id"] == mid), None)
+        self.detail.setText(detail_text(row) if row else "")
 
     def _enable(self, picked: bool) -> None:
         """The buttons that act on the selected model are off while none is selected."""
@@ -320,6 +355,70 @@ class LibraryPage(Page):
             if url.isLocalFile():
                 self.import_path(Path(url.toLocalFile()))
         event.acceptProposedAction()
+
+
+def _last_scores(db: Path) -> dict[str, dict[str, Any]]:
+    """Each model's latest finished eval run (app/quality), as `switchyard eval --history` keeps them; an
+    unreadable store leaves the column empty rather than the page."""
+    try:
+        return EvalStore(db).last_scores()
+    except Exception:
+        return {}
+
+
+def _vision(entry: ModelEntry, settings: Any) -> dict[str, Any]:
+    """The vision projector the model loads with (its `mmproj` override, else the pairing: the one rule,
+    ModelEntry.projector) and that file's size; a projector that is not there is said, not counted."""
+    proj = entry.projector(settings)
+    if proj is None:
+        return {"vision": False, "projector": None, "projector_size": 0}
+    try:
+        size = proj.stat().st_size
+    except OSError:
+        return {"vision": False, "projector": str(proj), "projector_size": 0, "projector_missing": True}
+    return {"vision": True, "projector": str(proj), "projector_size": size}
+
+
+def _vision_tip(d: dict[str, Any]) -> str:
+    if d.get("projector_missing"):
+        return f"Its vision projector {d['projector']} is missing: images will be refused until it is back"
+    if d.get("vision"):
+        return f"Reads images: loads the vision projector {Path(d['projector']).name} beside the weights"
+    return ""
+
+
+def _eval_text(run: dict[str, Any] | None) -> str:
+    """The last eval score, short: "0.92 pass", "0.40 fail", "0.75" (no pass mark), "-" (never run)."""
+    if not run or run.get("score") is None:
+        return "-"
+    passed = run.get("passed")
+    verdict = " pass" if passed is True else " fail" if passed is False else ""
+    return f"{float(run['score']):.2f}{verdict}"
+
+
+def _eval_tip(run: dict[str, Any] | None) -> str:
+    if not run:
+        return "Not evaluated yet: no eval suite has scored this model"
+    mark = f", pass mark {run['threshold']:g}" if run.get("threshold") is not None else ""
+    return (
+        f"Suite {run['suite']}: score {_eval_text(run)} over {run['cases']} case(s){mark}; "
+        f"run {run['id']}, {fmt.ago(run.get('finished'))}"
+    )
+
+
+def detail_text(d: dict[str, Any]) -> str:
+    """The selected model in a few lines: where it is, the projector it loads with, the context one
+    request may hold, its last eval."""
+    lines = [f"<b>{escape(d['id'])}</b>: {escape(d.get('path') or '-')}"]
+    if d.get("projector"):
+        state = " (missing)" if d.get("projector_missing") else f" ({fmt.size(d.get('projector_size'))})"
+        lines.append(f"Vision projector: {escape(d['projector'])}{state}")
+    if d.get("context_text"):
+        lines.append(f"Context: {escape(d['context_text'])}")
+    run = d.get("eval")
+    if run:
+        lines.append(f"Last eval: {escape(_eval_tip(run))}")
+    return "<br>".join(lines)
 
 
 def _quant(d: dict[str, Any]) -> str | None:
