@@ -18,10 +18,11 @@ import openai
 import pytest
 
 from app.core.errors import SettingsError
-from app.core.speculation import adapters_of, speculation_of
+from app.core.speculation import DRAFT_MAX_TEMPERATURE, adapters_of, speculation_of
 from app.formats.detect import detect_format
 from app.formats.gguf_adapter import read_adapter
 from app.formats.gguf_meta import GGUFFacts, read_gguf
+from app.lanes.request_defaults import draft_unsuited
 from app.library.drafts import choose_draft
 from app.library.model import ModelEntry
 from tests.conftest import ServerProcess, link_models, running_server
@@ -101,16 +102,72 @@ def test_off_drafts_nothing(server: ServerProcess) -> None:
     assert text == PASSAGE and "draft_n" not in timings  # llama.cpp leaves draft_n out when off
 
 
-def test_a_draft_model_with_the_same_tokenizer(server: ServerProcess) -> None:
-    body = {"speculative": {"type": "draft", "draft": "tiny2", "n_max": 8}}
-    status, doc = call(server, "POST", "/api/models/tiny/load", body)
+DRAFT_TINY2 = {"speculative": {"type": "draft", "draft": "tiny2", "n_max": 8}}
+
+
+def with_draft_tiny2(server: ServerProcess) -> dict[str, Any]:
+    """tiny loaded with tiny2 as its draft model (each test that needs it sets it: no test relies on
+    another's order)."""
+    status, doc = call(server, "POST", "/api/models/tiny/load", DRAFT_TINY2)
     assert status == 200, doc
+    return dict(doc)
+
+
+def test_a_draft_model_with_the_same_tokenizer(server: ServerProcess) -> None:
+    doc = with_draft_tiny2(server)
     assert doc["params"]["spec_type"] == "draft_simple" and doc["params"]["draft_path"].endswith("tiny2.gguf")
     text, timings = copy_answer(server, "tiny", SHORT)  # a random draft is mostly wrong: keep it short
     assert text == SHORT and timings["draft_n"] > 0
 
 
+def lane_of(server: ServerProcess, model: str) -> dict[str, Any]:
+    status, lanes = call(server, "GET", "/api/lanes")
+    assert status == 200, lanes
+    return dict(next(ln for ln in lanes["lanes"] if ln["id"] == model))
+
+
+def engine_speculation_of(server: ServerProcess, model: str) -> dict[str, Any]:
+    """What the engine's own /slots says, as /api/lanes/{id} reports it."""
+    assert lane_of(server, model)["port"], "the lane is not running"
+    status, lane = call(server, "GET", f"/api/lanes/{model}")
+    assert status == 200, lane
+    return dict(lane["speculation"])
+
+
+def test_a_draft_lane_drafts_a_grammar_request_whatever_the_request_says(server: ServerProcess) -> None:
+    """The shipped build ignores a request's own speculative fields: a grammar request (which a draft
+    model does not pay on, draft_unsuited says why) drafts even when it asks for no drafts. If this
+    fails, the engine honours them: then turn the draft off per request (docs/engines.md)."""
+    with_draft_tiny2(server)
+    client = openai.OpenAI(base_url=server.api, api_key="none", max_retries=0)
+    body = {"grammar": "root ::= " + json.dumps(SHORT), "temperature": 0}
+    asked_off = {"speculative.n_max": 0, "speculative.types": "none", "speculative": {"n_max": 0}}
+    messages: Any = [{"role": "user", "content": "Repeat this exactly:\n" + SHORT}]
+    assert draft_unsuited({"messages": messages, **body}, max_temperature=DRAFT_MAX_TEMPERATURE) == "grammar"
+    out = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=100, extra_body={**body, **asked_off}
+    )
+    timings = dict((out.model_extra or {}).get("timings") or {})
+    assert out.choices[0].message.content == SHORT and timings["draft_n"] > 0, timings
+
+
+def test_slots_show_whether_speculation_is_on(server: ServerProcess) -> None:
+    with_draft_tiny2(server)
+    assert engine_speculation_of(server, "tiny")["active"] is True  # before any request, too
+    completion(server, "tiny")  # a slot names its type once it has served a request
+    on = engine_speculation_of(server, "tiny")
+    assert on["active"] is True and on["type"] == "draft-simple" and all(on["slots"]), on
+    port = lane_of(server, "tiny")["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=30) as r:
+        props = json.loads(r.read())["default_generation_settings"]["params"]
+    assert props["speculative.types"] == "none"  # why /slots is read: /props says none even when on
+    assert call(server, "POST", "/api/models/tiny/load", {"speculative": {"type": "off"}})[0] == 200
+    off = engine_speculation_of(server, "tiny")
+    assert off["active"] is False and off["slots"] and not any(off["slots"]), off
+
+
 def test_explain_shows_the_pairing_and_the_drafts_memory(server: ServerProcess) -> None:
+    with_draft_tiny2(server)
     status, doc = call(server, "GET", "/api/models/tiny/explain")
     assert status == 200, doc
     pairing = doc["speculation"]["pairing"]
@@ -139,6 +196,7 @@ def test_explain_proposes_a_draft_and_says_why_others_are_not(tmp_path: Path, mo
 
 
 def test_a_draft_with_another_tokenizer_is_refused(server: ServerProcess) -> None:
+    with_draft_tiny2(server)
     body = {"speculative": {"type": "draft", "draft": "alien"}}
     status, doc = call(server, "POST", "/api/models/tiny/load", body)
     assert status >= 400
@@ -224,5 +282,5 @@ def test_llama_server_gets_the_same_settings_as_flags() -> None:
     )
     args = spec_argv(p)
     assert args[:2] == ["--spec-type", "draft-simple"] and ["--spec-draft-n-max", "8"] == args[2:4]
-    assert "--model-draft" in args and args[-3:] == ["--lora-scaled", "a.gguf", "0.5"]
+    assert "--spec-draft-model" in args and args[-3:] == ["--lora-scaled", "a.gguf", "0.5"]
     assert LlamaParams.from_json(p.to_json()) == p  # the worker reads what the lane wrote

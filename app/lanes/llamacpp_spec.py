@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from app.core.errors import ModelBrokenError
 from app.core.settings import Settings
 from app.core.speculation import Adapter, Speculation, adapters_of, speculation_of
@@ -81,20 +83,37 @@ def spec_params(
 
 
 def spec_argv(params: LlamaParams) -> list[str]:
-    """The same parameters as llama-server's command-line flags."""
+    """The same parameters as llama-server's command-line flags. Each n-gram kind has its own flags
+    (`--spec-ngram-simple-size-n`, `--spec-ngram-mod-n-max` ...); `--spec-draft-*` are the draft model's
+    only. A negative knob is left out: the engine keeps its default."""
     args: list[str] = []
     if params.spec_type:
-        args += ["--spec-type", params.spec_type.replace("_", "-")]
-        flags = {
-            "--spec-draft-n-max": params.spec_n_max,
-            "--spec-draft-n-min": params.spec_n_min,
-            "--spec-draft-p-min": params.spec_p_min,
-            "--spec-ngram-size-n": params.spec_size_n,
-            "--spec-ngram-size-m": params.spec_size_m,
-        }
+        kind = params.spec_type
+        args += ["--spec-type", kind.replace("_", "-")]
+        flags: dict[str, float] = {}
+        if kind in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
+            prefix = "--spec-" + kind.replace("_", "-")
+            flags = {
+                f"{prefix}-size-n": params.spec_size_n,
+                f"{prefix}-size-m": params.spec_size_m,
+                f"{prefix}-min-hits": params.spec_min_hits,
+            }
+        elif kind == "ngram_mod":
+            flags = {
+                "--spec-ngram-mod-n-match": params.spec_n_match,
+                "--spec-ngram-mod-n-min": params.spec_n_min,
+                "--spec-ngram-mod-n-max": params.spec_n_max,
+            }
+        elif kind == "draft_simple":
+            flags = {
+                "--spec-draft-n-max": params.spec_n_max,
+                "--spec-draft-n-min": params.spec_n_min,
+                "--spec-draft-p-min": params.spec_p_min,
+            }
         args += [w for flag, v in flags.items() if v >= 0 for w in (flag, str(v))]
-        if params.draft_path:
-            args += ["--model-draft", params.draft_path, "--gpu-layers-draft", str(params.draft_gpu_layers)]
+        if params.draft_path and kind == "draft_simple":
+            args += ["--spec-draft-model", params.draft_path]
+            args += ["--spec-draft-ngl", str(params.draft_gpu_layers)]
     for path, scale in zip(params.lora_paths, params.lora_scales, strict=True):
         args += ["--lora-scaled", path, str(scale)]
     return args
@@ -136,3 +155,33 @@ def _file_bytes(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def slots_speculation(slots: Any) -> dict[str, Any]:
+    """Whether speculation is active, from llama.cpp's `/slots` (each slot's `speculative` flag; /props
+    says "none" even when it is on): {"active": bool | None, "slots": [bool | None per slot], "type"}.
+    `active` is None when the answer carries no flag to read."""
+    rows = slots if isinstance(slots, list) else []
+    flags = [row.get("speculative") if isinstance(row, dict) else None for row in rows]
+    known = [f for f in flags if isinstance(f, bool)]
+    params = [row["params"] for row in rows if isinstance(row, dict) and isinstance(row.get("params"), dict)]
+    # a slot names the type of the last request it served (nothing before its first; "none" when off)
+    kinds = sorted({str(p["speculative.types"]) for p in params if p.get("speculative.types")})
+    named = [k for k in kinds if k != "none"]
+    return {
+        "active": any(known) if known else None,
+        "slots": [f if isinstance(f, bool) else None for f in flags],
+        "type": ",".join(named) if named else (kinds[0] if kinds else None),
+    }
+
+
+async def engine_speculation(http: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
+    """`slots_speculation` of a running llama.cpp engine; {"active": None, "error": why} when its /slots
+    cannot be read (the lane not ready, or an engine started without the slots endpoint)."""
+    try:
+        async with http.get(base_url + "/slots", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            if r.status != 200:
+                return {"active": None, "slots": [], "type": None, "error": f"/slots answered {r.status}"}
+            return slots_speculation(await r.json(content_type=None))
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return {"active": None, "slots": [], "type": None, "error": f"/slots unreadable: {exc!r}"}

@@ -103,3 +103,30 @@ def model_limits(
     # a template that never mentions tools renders none: the model cannot be offered tool calls
     tools = "tools" in (chat_template or "")
     return ModelLimits(slot_ctx, max_output(model_id, settings, slot_ctx=slot_ctx), tools)
+
+
+# ---- a draft model's fit to a request ---------------------------------------------------------------------
+# llama.cpp's sampling temperature when a request sends none
+ENGINE_DEFAULT_TEMPERATURE = 0.8
+
+
+def draft_unsuited(body: dict[str, Any], *, max_temperature: float) -> str | None:
+    """Why a draft model would not pay on this request, or None: "grammar", "json_schema" (a JSON schema
+    or response_format json_schema / json_object: a grammar too), "tools", or "temperature" (above
+    `max_temperature`; a request that sends none samples at llama.cpp's 0.8). The draft never sees the
+    grammar, and at such temperatures most of its guesses are rejected (docs/performance.md).
+
+    The llama.cpp build we ship ignores a request's own speculative fields (`speculative.n_max` 0 and
+    `speculative.types` "none" still draft: tests/test_spec_llamacpp.py), so this names the reason; it
+    cannot turn the draft off for one request."""
+    if body.get("grammar"):
+        return "grammar"
+    fmt = body.get("response_format")
+    schema_format = isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
+    if body.get("json_schema") or schema_format:
+        return "json_schema"
+    if body.get("tools"):
+        return "tools"
+    t = body.get("temperature", ENGINE_DEFAULT_TEMPERATURE)
+    number = isinstance(t, int | float) and not isinstance(t, bool)
+    return "temperature" if number and t > max_temperature else None

@@ -36,6 +36,7 @@ from app.core.errors import (
 from app.lanes.bank import MIB
 from app.lanes.bank_slots import SessionBank
 from app.lanes.lane import Lane, LaneState
+from app.lanes.llamacpp_spec import engine_speculation
 from app.lanes.remote import RemoteLane
 from app.lanes.request_defaults import (
     adapter_ids,
@@ -47,7 +48,7 @@ from app.lanes.request_defaults import (
 from app.lanes.target import Target
 from app.library.catalog import ModelEntry
 from app.runtime import Runtime
-from app.server.images import check_image_tokens, image_parts, tokens_per_image
+from app.server.images import check_image_tokens, image_parts, image_token_counts, tokens_per_image
 from app.server.model_limits import PlannedSlots
 from app.server.prompt_window import check_window
 from app.server.raw_http import RawUpstream, open_post, read_all
@@ -201,6 +202,11 @@ class Gateway:
     def http(self, target: Target) -> aiohttp.ClientSession:
         return self.rt.remotes.http if isinstance(target, RemoteLane) else self.rt.supervisor.http
 
+    async def speculation(self, lane: Lane) -> dict[str, Any]:
+        """Whether a ready llama.cpp lane speculates, per slot, from the engine's own /slots (its /props
+        says "none" even when it does): the engine is asked here, as every engine request is."""
+        return await engine_speculation(self.http(lane), lane.base_url)
+
     # ---- checks --------------------------------------------------------------------------------------
     async def check(
         self,
@@ -222,7 +228,9 @@ class Gateway:
         images = 0
         if has_images and (ctx := target.slot_context()) is not None:  # they alone may fill the context
             where = param or "messages"
-            n_images, per = len(image_parts(body)), tokens_per_image(target)
+            # each image's own count where its size decides (Qwen-VL, Pixtral), else one per image
+            n_images = len(image_parts(body))
+            per = image_token_counts(body, target) or tokens_per_image(target)
             images = check_image_tokens(n_images, per, slot=ctx[0], model=target.model_id, where=where)
         if route in ("chat", "completions") and self.rt.settings.check_prompt_length:
             await self._check_prompt(

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from app import __version__
-from app.server.keys import RUNTIME
+from app.server.keys import GATEWAY, RUNTIME
 from app.server.request_input import parse_json_object, query_int
 from app.server.request_keys import MODEL
 from app.server.routes_settings import lane_view, load_with_body
@@ -83,7 +83,11 @@ async def lane_logs(request: web.Request) -> web.Response:
 async def lane_detail(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     lane = rt.supervisor.get_lane(request.match_info["lane_id"])
-    return web.json_response(lane_view(lane, rt.settings))
+    view = lane_view(lane, rt.settings)
+    if view.get("engine") == "llama.cpp" and view.get("state") == "ready" and view.get("port"):
+        # whether speculation is on, per slot, from the engine's own /slots (its /props says "none")
+        view["speculation"] = await request.app[GATEWAY].speculation(lane)
+    return web.json_response(view)
 
 
 @routes.get("/api/events")
