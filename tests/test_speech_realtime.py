@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import time
+import urllib.error
 import urllib.request
 import wave
 from collections.abc import Iterator
@@ -365,8 +366,25 @@ def wait_lane(served: Served, model: str, *, in_flight: int, timeout: float = 30
     return lane
 
 
+def worker_lines(served: Served, model: str, marker: str) -> int:
+    """Lines of the lane's log holding `marker` (none while the lane was never started)."""
+    try:
+        lines = served.get(f"/api/lanes/{model}/logs?lines=100000")["lines"]
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        return 0
+    return sum(marker in ln for ln in lines)
+
+
 def test_a_client_that_goes_away_frees_the_lane(served: Served, phrases: dict[str, Any]) -> None:
-    speech = np.concatenate([p[0] for p in phrases.values()])
+    # close to the buffer cap of speech: a decode of seconds, so leaving mid-decode cancels it, and the
+    # worker's log says whether it was aborted or ran to its end
+    said = np.concatenate([p[0] for p in phrases.values()])
+    speech = np.concatenate([said] * int((MAX_BUFFER_S - 0.5) * 24000 // said.size))
+    aborted, finished, began = (
+        worker_lines(served, REAL, m) for m in ("decode aborted", "decoded in", "decoding ")
+    )
     with served.socket() as ws:
         ws.send(json.dumps(update(model=REAL, turns=None)))
         until(ws, "transcription_session.updated")
@@ -374,8 +392,18 @@ def test_a_client_that_goes_away_frees_the_lane(served: Served, phrases: dict[st
             ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         until(ws, "input_audio_buffer.committed")
-        assert wait_lane(served, REAL, in_flight=1)["in_flight"] == 1  # the decode is running
+        assert wait_lane(served, REAL, in_flight=1)["in_flight"] == 1
+        # leave only once the worker has begun decoding (under load the upload can still be on its way)
+        deadline = time.monotonic() + 60
+        while worker_lines(served, REAL, "decoding ") == began and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker_lines(served, REAL, "decoding ") == began + 1, "the decode never began"
     closed = time.monotonic()
     lane = wait_lane(served, REAL, in_flight=0)  # closed: the transcription is cancelled, the lane freed
     assert lane["in_flight"] == 0 and lane["state"] == "ready"
     assert time.monotonic() - closed < 10
+    deadline = time.monotonic() + 30
+    while worker_lines(served, REAL, "decode aborted") == aborted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert worker_lines(served, REAL, "decode aborted") == aborted + 1, "the decode was not cancelled"
+    assert worker_lines(served, REAL, "decoded in") == finished  # it did not run to its end

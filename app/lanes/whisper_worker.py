@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -73,16 +74,30 @@ async def stream_segments(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[str | None] = asyncio.Queue()
     gone = threading.Event()
+    aborted: list[bool] = []
+
+    def abort() -> bool:
+        if gone.is_set() and not aborted:
+            aborted.append(True)
+        return bool(aborted)
 
     def run() -> None:
         try:
             with lock:
                 log(f"decoding {samples.size / RATE:.2f} s of audio (streamed)")
+                t0 = time.monotonic()
                 model.transcribe(
                     samples,
                     new_segment_callback=lambda seg: loop.call_soon_threadsafe(queue.put_nowait, seg.text),
-                    abort_callback=gone.is_set,
+                    abort_callback=abort,
                     **kw,
+                )
+                took = time.monotonic() - t0
+                # the line a test (and a user reading the lane's log) tells a cancelled decode by
+                log(
+                    f"decode aborted after {took:.2f} s: the client went away"
+                    if aborted
+                    else f"decoded in {took:.2f} s"
                 )
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
@@ -92,11 +107,21 @@ async def stream_segments(
     decode = asyncio.ensure_future(asyncio.to_thread(run))
     parts: list[str] = []
     try:
-        while (text := await queue.get()) is not None:
+        while True:
+            try:  # between segments, notice a client that went away: the decode stops now, not later
+                text = await asyncio.wait_for(queue.get(), 0.1)
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    gone.set()
+                continue
+            if text is None:
+                break
             delta = text if parts else text.lstrip()
             parts.append(delta)
             await _event(resp, {"type": "transcript.text.delta", "delta": delta})
         await decode
+        if gone.is_set():
+            return resp
         usage = {"type": "duration", "seconds": round(samples.size / RATE, 3)}
         done = {"type": "transcript.text.done", "text": "".join(parts).strip(), "usage": usage}
         await _event(resp, done)

@@ -25,6 +25,8 @@ import numpy as np
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
+from app.ui.window_access import Access, window_access
+
 RATE = 24000  # what the Realtime API takes
 CHUNK_S = 0.1
 SHORTCUT = Qt.Key.Key_F9  # held down in the chat window: talk
@@ -153,7 +155,7 @@ def sentences(text: str) -> list[str]:
 
 
 async def transcribe_live(
-    url: str,
+    access: Access,
     *,
     model: str,
     source: AudioSource,
@@ -161,14 +163,23 @@ async def transcribe_live(
     on_text: Callable[[str], None],
 ) -> str:
     """Stream `source` to the server's live transcription until `released` is set; the whole transcript.
-    `on_text` gets the text so far each time a delta or a segment arrives."""
-    done: list[str] = []
+    `on_text` gets the text so far each time a delta or a segment arrives.
+
+    At the release the speech still going on is committed, then the buffer is cleared: the server answers
+    events in order, so every item committed before `input_audio_buffer.cleared` arrives is one of ours,
+    whether server VAD cut it (possibly just after the release) or the final commit did, and the call
+    returns once each of those items has its transcript. None is dropped."""
+    done: dict[str, str] = {}  # item id -> its transcript, in the order the items were committed
     partial: dict[str, str] = {}
-    pending: set[str] = set()
-    answered = asyncio.Event()  # the final commit was answered (committed, or nothing left to commit)
-    ws_url = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    pending: set[str] = set()  # committed, transcript not yet here
+    closed = asyncio.Event()  # `cleared` arrived: no item of this talk is still to be committed
+    ws_url = access.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+
+    def text_so_far() -> str:
+        return " ".join([*(t for t in done.values() if t), *partial.values()]).strip()
+
     async with (
-        aiohttp.ClientSession() as http,
+        access.session() as http,
         http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
     ):
         turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
@@ -179,53 +190,63 @@ async def transcribe_live(
             kind, item = event.get("type", ""), event.get("item_id", "")
             if kind == "input_audio_buffer.committed":
                 pending.add(item)
-                if released.is_set():
-                    answered.set()
+                done.setdefault(item, "")
+            elif kind == "input_audio_buffer.cleared":
+                closed.set()
             elif kind.endswith("input_audio_transcription.delta"):
                 partial[item] = partial.get(item, "") + event.get("delta", "")
             elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
                 partial.pop(item, None)
                 pending.discard(item)
-                if text := event.get("transcript", "").strip():
-                    done.append(text)
+                done[item] = event.get("transcript", "").strip()
             elif kind == "error":
+                # an empty final commit: released outside speech, every segment was committed already
                 if event["error"].get("code") != "input_audio_buffer_commit_empty":
                     raise RuntimeError(event["error"]["message"])
-                answered.set()  # released outside speech: every segment was committed already
-            on_text(" ".join([*done, *partial.values()]).strip())
+            on_text(text_so_far())
 
         async def receive() -> None:
             async for msg in ws:
+                if msg.type is not aiohttp.WSMsgType.TEXT:
+                    break
                 take(json.loads(msg.data))
-                if answered.is_set() and not pending:
+                if closed.is_set() and not pending:
                     return
+            raise RuntimeError("the server closed the live transcription before it finished")
 
         reader = asyncio.ensure_future(receive())
         try:
             async for block in source.chunks():
                 audio = base64.b64encode(block).decode()
                 await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
-                if released.is_set():
+                if released.is_set() or reader.done():
                     break
-            await released.wait()  # a recording that ended early waits for the release
+            waiter = asyncio.ensure_future(released.wait())  # a recording that ended early waits for it
+            try:
+                await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
             source.stop()
-            await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
+            if not reader.done():
+                await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
+                await ws.send_json({"type": "input_audio_buffer.clear"})  # answered after the commit
             await asyncio.wait_for(reader, 60)
         finally:
             source.stop()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-    return " ".join(done).strip()
+    return " ".join(t for t in done.values() if t).strip()
 
 
-async def speak(url: str, *, voice: str, text: str, sink: AudioSink) -> None:
-    """Say `text` with the Piper `voice`: each sentence synthesized while the one before it plays."""
-    async with aiohttp.ClientSession() as http:
+async def speak(access: Access, *, voice: str, text: str, sink: AudioSink) -> None:
+    """Say `text` with the Piper `voice`: each sentence synthesized while the one before it plays, so the
+    first is heard as soon as it is made."""
+    async with access.session() as http:
 
         async def synth(sentence: str) -> tuple[bytes, int]:
             body = {"model": voice, "input": sentence, "voice": voice, "response_format": "pcm"}
-            async with http.post(f"{url}/v1/audio/speech", json=body) as r:
+            async with http.post(f"{access.url}/v1/audio/speech", json=body) as r:
                 if r.status >= 400:
                     raise RuntimeError((await r.json())["error"]["message"])
                 return await r.read(), int(r.headers.get("x-sample-rate", "22050"))
@@ -241,6 +262,8 @@ async def speak(url: str, *, voice: str, text: str, sink: AudioSink) -> None:
         finally:
             if next_one is not None:
                 next_one.cancel()
+                with contextlib.suppress(BaseException):
+                    await next_one
 
 
 class VoiceBar(QWidget):
@@ -263,7 +286,8 @@ class VoiceBar(QWidget):
         self.talk_btn.pressed.connect(self.press)
         self.talk_btn.released.connect(self.release)
         self.read_btn = QPushButton("Read aloud")
-        self.read_btn.clicked.connect(self.read_aloud)
+        self.read_btn.setToolTip("Read the last reply aloud; each reply also has its own Read aloud link")
+        self.read_btn.clicked.connect(lambda: self.read_aloud())
         self.stop_read_btn = QPushButton("Stop reading")
         self.stop_read_btn.clicked.connect(self.stop_reading)
         self.stop_read_btn.setEnabled(False)
@@ -342,7 +366,7 @@ class VoiceBar(QWidget):
         model = self._model_of("transcription")
         assert model is not None
         text = await transcribe_live(
-            self.desk.server.url,
+            await window_access(self.desk),
             model=model,
             source=self.source_factory(),
             released=self.released,
@@ -355,33 +379,46 @@ class VoiceBar(QWidget):
             self.page.report("Nothing was heard: hold the button while you speak.")
 
     # ---- read aloud ------------------------------------------------------------------------------
-    def last_reply(self) -> str | None:
+    def reply_text(self, message_id: int | None = None) -> str | None:
+        """The reply `message_id` of the shown conversation (None: the last one with text)."""
         if self.page.current is None:
             return None
         replies = [m for m in self.page.store.messages(self.page.current) if m.role == "assistant"]
+        if message_id is not None:
+            return next((m.content for m in replies if m.id == message_id and m.content), None)
         return next((m.content for m in reversed(replies) if m.content), None)
 
-    def read_aloud(self) -> None:
+    def read_aloud(self, message_id: int | None = None) -> asyncio.Task[Any] | None:
+        """Read reply `message_id` (its "Read aloud" link), or the last reply (the button); a reading
+        already going on stops first."""
         problem = self.problem(talk=False)
         self._say_missing(problem)
-        reply = self.last_reply()
-        if problem or not reply or self.read_task is not None:
-            return
+        reply = self.reply_text(message_id)
+        if problem:
+            return None
+        if not reply:
+            self.page.report("No reply to read yet." if message_id is None else "That reply is empty.")
+            return None
+        self.stop_reading()
         voice = self._model_of("speech")
         assert voice is not None
         self.stop_read_btn.setEnabled(True)
-        task = self.desk.spawn(
-            speak(self.desk.server.url, voice=voice, text=reply, sink=self.sink), report=self.page.report
-        )
+
+        async def read() -> None:
+            await speak(await window_access(self.desk), voice=voice, text=reply, sink=self.sink)
+
+        task = self.desk.spawn(read(), report=self.page.report)
         self.read_task = task
 
         def done(_: Any) -> None:
-            self.read_task = None
-            self.stop_read_btn.setEnabled(False)
+            if self.read_task is task:
+                self.read_task = None
+                self.stop_read_btn.setEnabled(False)
 
         task.add_done_callback(done)
+        return task
 
     def stop_reading(self) -> None:
         if self.read_task is not None:
             self.read_task.cancel()
-        self.sink.stop()
+            self.sink.stop()

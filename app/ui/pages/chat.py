@@ -51,6 +51,7 @@ from app.library.pairing import projector_for
 from app.ui.chat_images import QtImageCodec, carries_images, images_in, thumbnail
 from app.ui.pages import Page
 from app.ui.voice import VoiceBar
+from app.ui.window_access import window_access
 from app.ui.wording import for_window
 
 
@@ -425,6 +426,7 @@ class ChatPage(Page):
             return
         parts: list[str] = []
         self.code_blocks = []
+        live_id = self.live["id"] if self.live is not None else None
         for m in self.store.messages(self.current):
             content = m.content
             meta = m.meta
@@ -435,7 +437,10 @@ class ChatPage(Page):
                 parts.append(f"**You**\n\n{content}\n" + (f"\n{pics}\n" if pics else ""))
             elif m.role == "assistant":
                 body = with_copy_links(content or "…", self.code_blocks)
-                parts.append(f"**Assistant**\n\n{body}\n\n{_stats(meta)}\n")
+                # each finished reply can be read aloud on its own (app/ui/voice.py)
+                read = f"[Read aloud](speak:{m.id})" if content and m.id != live_id else ""
+                foot = " · ".join(x for x in (_stats(meta), read) if x)
+                parts.append(f"**Assistant**\n\n{body}\n\n{foot}\n")
             elif m.role == "error":
                 parts.append(f"> **Error:** {html.escape(content)}\n")
         self.view.setMarkdown("\n---\n".join(parts) or "*Type a message below and press Send.*")
@@ -496,6 +501,8 @@ class ChatPage(Page):
     def _link(self, url: QUrl) -> None:
         if url.scheme() == "copy":
             self.copy_code(int(url.path()) if url.path().isdigit() else -1)
+        elif url.scheme() == "speak" and url.path().isdigit():
+            self.voice.read_aloud(int(url.path()))
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)  # a link in a model card or a reply: the user's browser
 
@@ -572,7 +579,11 @@ class ChatPage(Page):
         error: str | None = None
         stopped = False
         try:
-            async with contextlib.aclosing(stream_chat(srv.url, body)) as deltas:
+            access = await window_access(self.desk)  # the server's key and certificate, where it has them
+            async with (
+                access.session() as http,
+                contextlib.aclosing(stream_chat(access.url, body, session=http)) as deltas,
+            ):
                 async for delta in deltas:
                     if isinstance(delta, Usage):
                         usage_tokens = delta.completion_tokens
@@ -593,6 +604,8 @@ class ChatPage(Page):
                     await asyncio.sleep(0)
         except ChatError as exc:
             error = str(exc)
+        except SwitchyardError as exc:  # the window's key could not be made (keys.json damaged, ...)
+            error = exc.message
         except asyncio.CancelledError:
             stopped = True
         finally:
