@@ -24,6 +24,7 @@ SMALL = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"  # a tiny file: fits
 BIG = "Qwen/Qwen3-8B-GGUF"  # a larger file than the budget: does not fit
 VISION = "unsloth/gemma-3-4b-it-GGUF"  # a tiny file with an mmproj beside it
 WHISPER = "ggerganov/whisper.cpp"
+SHOTS = os.environ.get("SWITCHYARD_DESKTOP_SHOTS")  # a folder: save what the test sees, to look at
 BUDGET_MIB = 660  # the tiny chat model fits in it (about 560 MiB with the engine), the large one does not
 
 
@@ -158,6 +159,24 @@ def test_first_run_opens_on_recommendations(
             big = next(i for i, r in enumerate(rows) if r["repo"] == BIG)
             assert t.item(big, 3).text() == "does not fit" and big > first_chat
             assert t.cellWidget(big, 5).text() == "Download anyway"
+            # nothing measured yet: the speed is the predicted range, never "-", for what fits on the CPU
+            for i, r in enumerate(rows):
+                if r["task"] == "chat" and r["verdict"] == "cpu":
+                    assert r["tokens_per_s_range"] and t.item(i, 4).text().endswith("tok/s"), r
+            assert t.horizontalHeaderItem(4).text() == "Speed (predicted)"
+            # "Download anyway" warns first, naming the entry that fits; nothing is fetched
+            t.cellWidget(big, 5).click()
+            await desk.tasks.settle()
+            said = disc.status.text()
+            assert not desk.runtime.downloads.jobs, "it downloaded on the first press"
+            fitting = rows[first_chat]["pull"][0]
+            assert "does not fit" in said and f"A smaller model fits: {fitting}" in said, said
+            assert "Press Download anyway again" in said and disc.status.isVisible()
+            if SHOTS:
+                from tests.test_desktop_defects import shot
+
+                await asyncio.sleep(0.05)
+                shot(w, "recommend-warned.png")
             vision = next(i for i, r in enumerate(rows) if r["repo"] == VISION)
             assert "[vision]" in t.item(vision, 1).text()
             # nothing numeric is cut at 1024 x 640
@@ -226,3 +245,89 @@ def test_rank_puts_usable_speed_before_quality() -> None:
     order = [r.candidate.repo for r in found.tasks["chat"]]
     assert order == ["a/fast", "a/unknown-speed", "a/best-but-slow", "a/too-big"]
     assert found.best("chat") is not None and found.public()["tasks"]["chat"][2]["usable"] is False
+
+
+def _machine(*, ram: int, bandwidth: int) -> Any:
+    """This machine as probed, with `ram` free, no GPU and a measured all-cores `bandwidth` (bytes/s)."""
+    import dataclasses
+
+    from app.hardware.model import Bandwidth
+    from app.hardware.probe import probe
+
+    hw = probe(engine=False)
+    memory = dataclasses.replace(hw.memory, total=ram, available=ram, cgroup_limit=None)
+    bw = Bandwidth(single_core=bandwidth // 2, all_cores=bandwidth, threads=2, measured_at=time.time())
+    return dataclasses.replace(hw, memory=memory, gpus=(), engine_devices=(), bandwidth=bw)
+
+
+def test_first_run_ranks_by_predicted_speed_with_nothing_measured() -> None:
+    """A genuine first run: no speed measured, the hub not asked. The ranking still follows the speed the
+    bandwidth predicts (a range), and every entry that fits shows it, marked as predicted."""
+    from app.advice.inputs import AdviceInputs
+    from app.advice.recommend import Candidate, predicted_words, recommend
+    from app.core.settings import Settings
+    from app.fit.plan import SpeedCalibration
+
+    mib = 1 << 20
+
+    def c(repo: str, quality: int, size_mib: int) -> Candidate:
+        return Candidate("chat", quality, repo, "Q4_K_M", (), size_mib * mib, "why")
+
+    # 20 GB/s: the bound is 10 GB/s over the bytes read per token, the range a tenth of it up to it
+    listed = [c("a/best-but-big", 0, 4096), c("a/middle", 1, 512), c("a/small", 2, 64)]
+    hw = _machine(ram=32 << 30, bandwidth=20 * 10**9)
+    inputs = AdviceInputs(settings=Settings(), hardware=hw, pins={})
+    found = recommend(inputs, ask=None, candidates=listed).public()
+    chat = found["tasks"]["chat"]
+    assert [r["repo"] for r in chat] == ["a/small", "a/middle", "a/best-but-big"]
+    assert all(r["fits"] for r in chat) and [r["usable"] for r in chat] == [True, None, False]
+    for r in chat:  # nothing measured: a range, never a made-up single figure
+        assert r["tokens_per_s"] is None and r["calibrated"] is False
+        low, high = r["tokens_per_s_range"]
+        assert high == round(10 * 10**9 / r["size"], 1) and low == round(high / 10, 1)
+    words = [predicted_words(r) for r in chat]
+    assert all("tok/s predicted" in w for w in words), words
+    assert words[2].endswith("(slow)") and words[1].endswith("(may be slow)")
+    # once this machine has measured answers, the calibrated figure is the prediction
+    cal = {"CPU": SpeedCalibration(efficiency=0.5, models=2)}
+    inputs = AdviceInputs(settings=Settings(), hardware=hw, pins={}, speed=cal)
+    chat = recommend(inputs, ask=None, candidates=listed).public()["tasks"]["chat"]
+    by = {r["repo"]: r for r in chat}
+    assert by["a/middle"]["calibrated"] and by["a/middle"]["tokens_per_s_range"] is None
+    assert by["a/middle"]["tokens_per_s"] == round(10 * 10**9 / (512 * mib) * 0.5, 1)
+    assert by["a/middle"]["usable"] is True and by["a/best-but-big"]["usable"] is False
+    assert predicted_words(by["a/middle"]).startswith("~") and "predicted" in predicted_words(by["a/middle"])
+
+
+def test_recommend_cli_predicts_speed_and_loads_the_calibration(
+    hub: FakeHub, measured: Path, isolated_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`switchyard recommend --local`: with nothing measured, the hub's verdicts carry the predicted range;
+    once library.db holds measured answers, the same command gives the calibrated figure."""
+    from app.core.paths import Paths
+    from app.library.speeds import LoadKey, SpeedStore
+    from app.library.store import Library
+
+    isolated_env.mkdir(parents=True, exist_ok=True)
+    (isolated_env / "settings.json").write_text(json.dumps({"ram_budget_mib": BUDGET_MIB}))
+    code, out = sy(capsys, "recommend", "--json", "--local", "--task", "chat")
+    assert code == 0
+    small = next(e for e in json.loads(out)["tasks"]["chat"] if e["repo"] == SMALL)
+    assert small["source"] == "hub" and small["tokens_per_s"] is None and not small["calibrated"]
+    low, high = small["tokens_per_s_range"]
+    assert 0 < low < high
+    code, text = sy(capsys, "recommend", "--local", "--task", "chat")
+    line = next(x for x in text.splitlines() if SMALL in x)
+    assert "tok/s predicted" in line and " - " not in line.split(SMALL, 1)[1][:60]
+    # two measured models on this machine's CPU (64 MiB read per token each) calibrate the CPU path
+    library = Library.open(Paths(home=isolated_env))
+    try:
+        store = SpeedStore(library)
+        for i, tps in enumerate((30.0, 32.0)):
+            key = LoadKey("llama.cpp", "CPU", 64 << 20, object())
+            store.record(f"m{i}", key=key, prompt_tps=None, gen_tps=tps)
+    finally:
+        library.close()
+    code, out = sy(capsys, "recommend", "--json", "--local", "--task", "chat")
+    small = next(e for e in json.loads(out)["tasks"]["chat"] if e["repo"] == SMALL)
+    assert small["calibrated"] is True and small["tokens_per_s"] and small["tokens_per_s_range"] is None

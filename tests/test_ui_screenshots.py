@@ -1,5 +1,7 @@
 """Each page rendered with real data on a real X server (Xvfb) with a tray host (trayer), saved as PNG;
-the tray icon must be available and shown. SWITCHYARD_SCREENSHOT_DIR=docs/screenshots refreshes the docs."""
+the tray icon must be available and shown. The pictures go to the test's own folder (tests/ui_screens.py
+refuses docs/); SWITCHYARD_SCREENSHOT_DIR=docs/screenshots copies the whole-screen one with the tray,
+`screen.png`, which the docs show. The docs' page pictures come from tests/ui_pictures.py."""
 
 from __future__ import annotations
 
@@ -115,9 +117,7 @@ def test_every_page_rendered_and_tray_icon_shown(
     models = tmp_path / "models"
     link_models(models, model_store / "tiny.gguf")
     (models / "tiny.gguf").rename(models / "tiny-assistant.gguf")
-    out = Path(os.environ.get("SWITCHYARD_SCREENSHOT_DIR") or tmp_path / "shots")
-    if not out.is_absolute():
-        out = REPO / out
+    out = tmp_path / "shots"
     env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
     env.update(DISPLAY=xserver, QT_QPA_PLATFORM="xcb")
     run = subprocess.run(
@@ -133,20 +133,39 @@ def test_every_page_rendered_and_tray_icon_shown(
     result = json.loads(line[len("RESULT ") :])
     assert result == {"tray_available": True, "tray_visible": True}
     pages = (
-        "discover",
-        "why",
-        "library",
-        "chat",
-        "server",
-        "server-keys",
-        "server-log",
-        "lanes",
-        "hardware",
-        "settings",
-        "library-dark",
+        "x11-discover",
+        "x11-why",
+        "x11-library",
+        "x11-chat",
+        "x11-server",
+        "x11-server-keys",
+        "x11-server-log",
+        "x11-lanes",
+        "x11-hardware",
+        "x11-settings",
+        "x11-library-dark",
         "screen",
     )
     for name in pages:
         png = out / f"{name}.png"
         assert png.stat().st_size > 5000, name  # a real picture, not an empty grab
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.stem for p in out.glob("*.png")) == sorted(pages)
+    if os.environ.get("SWITCHYARD_SCREENSHOT_DIR"):  # the docs use only the whole screen with the tray
+        docs = Path(os.environ["SWITCHYARD_SCREENSHOT_DIR"])
+        shutil.copyfile(out / "screen.png", (docs if docs.is_absolute() else REPO / docs) / "screen.png")
+
+
+def test_the_x11_pictures_never_go_into_docs(tmp_path: Path) -> None:
+    """An old-named picture cannot come back into docs/screenshots: the script refuses the folder before
+    it draws anything, and says where the docs' pictures come from."""
+    before = sorted(p.name for p in (REPO / "docs" / "screenshots").iterdir())
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.ui_screens", "docs/screenshots", str(tmp_path), HUB_REPO],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "tests.ui_pictures" in run.stderr, run.stderr
+    assert sorted(p.name for p in (REPO / "docs" / "screenshots").iterdir()) == before

@@ -1,7 +1,13 @@
-"""The docs' screenshots: every page (and the Why? window, for a fit and a misfit) with real data, at
-1024x640 and 1600x1000, in the light and the dark theme, offscreen, into a folder as `PAGE-WIDTH-THEME.png`.
+"""The docs' screenshots: every page (and the Why? window, for a fit and a misfit, and Discover's
+first-run Recommended view) with real data, at 1024x640 and 1600x1000, in the light and the dark theme,
+offscreen, into a folder as `PAGE-WIDTH-THEME.png`.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m tests.ui_pictures docs/screenshots
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m tests.ui_pictures docs/screenshots recommend
+
+The second form takes only the Recommended view (`recommend-WIDTH-THEME.png`, an empty library as on a
+first run) and needs no engine; its memory bandwidth is set to a laptop's (LAPTOP_BANDWIDTH), so the
+predicted speeds in the picture do not depend on how busy the machine taking it is.
 
 It makes its own data folder, a local fake Hugging Face hub and tiny generated models, so nothing of the
 user's is shown; a real llama.cpp lane answers the chat and the requests whose speed the graphs draw.
@@ -21,6 +27,7 @@ SIZES = ((1024, 640), (1600, 1000))
 THEMES = ("light", "dark")
 PAGES = ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings")
 HUB_REPO = "acme/Tiny-Assistant-1B-GGUF"
+LAPTOP_BANDWIDTH = 40 * 10**9  # bytes/s copied, all cores: a recent laptop's dual-channel memory
 MODEL = "tiny-assistant"
 CARD = """---
 license: apache-2.0
@@ -54,6 +61,46 @@ async def busy(url: str, *, seconds: float) -> None:
             await asyncio.sleep(0.4)
 
 
+async def recommended(desk: Any, out: Path) -> None:
+    """Discover's Recommended view as a first run shows it, every size and theme."""
+    w = desk.window
+    disc = w.show_page("Discover")
+    task = disc.show_recommendations()
+    if task is not None:
+        await asyncio.gather(task, return_exceptions=True)
+    await desk.tasks.settle(limit=120)
+    for theme in THEMES:
+        desk.theme.set(theme)
+        for width, height in SIZES:
+            w.resize(width, height)
+            await asyncio.sleep(0.3)
+            save(w, out / f"recommend-{width}-{theme}.png")
+    desk.theme.set("system")
+    disc.show_search()
+
+
+async def _recommend_only(out: Path, models: Path) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from app.core.paths import Paths
+    from app.core.settings import Settings
+    from app.hardware.bandwidth import machine_fingerprint, write_cache
+    from app.hardware.model import Bandwidth
+    from app.ui.desktop import Desktop
+
+    bw = Bandwidth(
+        single_core=LAPTOP_BANDWIDTH // 2, all_cores=LAPTOP_BANDWIDTH, threads=8, measured_at=time.time()
+    )
+    write_cache(Paths.from_env().hardware_cache, bw, fingerprint=machine_fingerprint())
+    settings = Settings(port=0, models_dirs=(models / "empty",), idle_ttl_s=0)
+    async with Desktop(Paths.from_env(), settings, qapp=QApplication.instance()) as desk:  # type: ignore[arg-type]
+        desk.window.resize(*SIZES[0])
+        desk.window.show()
+        await recommended(desk, out)
+        desk.quit()
+        await desk.run()
+
+
 async def _run(out: Path, models: Path) -> None:
     from PySide6.QtWidgets import QApplication
 
@@ -67,6 +114,7 @@ async def _run(out: Path, models: Path) -> None:
         w = desk.window
         w.resize(*SIZES[0])
         w.show()
+        await recommended(desk, out)
         disc = w.show_page("Discover")
         disc.query.setText("tiny")
         disc.search()
@@ -122,6 +170,10 @@ async def _run(out: Path, models: Path) -> None:
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots").resolve()
+    only = sys.argv[2] if len(sys.argv) > 2 else None
+    if only not in (None, "recommend"):
+        print(f"no set of pictures {only!r}: leave it out for all of them, or say recommend", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     with tempfile.TemporaryDirectory(prefix="sy-shots-") as tmp:
@@ -151,7 +203,8 @@ def main() -> int:
             asyncio.set_event_loop(loop)
             try:
                 with loop:
-                    loop.run_until_complete(_run(out, root / "models"))
+                    run = _recommend_only if only == "recommend" else _run
+                    loop.run_until_complete(run(out, root / "models"))
             finally:
                 finish_qapp(app)  # as the app quits: no Qt object left for the interpreter's finalization
     print(f"screenshots in {out}")

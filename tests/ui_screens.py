@@ -1,6 +1,10 @@
 """Run by tests/test_ui_screenshots.py under Xvfb with a tray host: every page with real data, saved as PNG.
 
 python -m tests.ui_screens OUT_DIR MODELS_DIR REPO  (HF_ENDPOINT, SWITCHYARD_HOME, DISPLAY set by the test)
+
+The pictures are the test's evidence, named `x11-PAGE.png` (and `screen.png`, the whole screen with the
+tray), and go to a scratch folder: the docs' screenshots come from tests/ui_pictures.py, so OUT_DIR may
+not be inside docs/ (an old run there would bring back pictures the docs no longer use).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
@@ -55,12 +61,12 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
         while not done[0]:
             await pause(0.1)
         await pause()
-        shot("discover.png")
+        shot("x11-discover.png")
         dlg = disc.why("Q4_K_M")
         assert dlg is not None
         dlg.resize(680, 640)
         await pause()
-        shot("why.png", dlg)
+        shot("x11-why.png", dlg)
         dlg.close()
 
         lib = w.show_page("Library")
@@ -71,7 +77,7 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
         lib.select("tiny-assistant")
         await desk.tasks.settle()  # the fit of the selected model's settings
         await pause()
-        shot("library.png")
+        shot("x11-library.png")
 
         chat = w.show_page("Chat")
         chat.new_conversation(model="tiny-assistant")
@@ -81,7 +87,7 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
         await pause()
-        shot("chat.png")
+        shot("x11-chat.png")
 
         srv = w.show_page("Server")
         key = srv.create_key("editor")
@@ -89,28 +95,28 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
             for path in ("/v1/models", "/api/lanes", "/health"):
                 await s.get(f"{desk.server.url}{path}", headers={"Authorization": f"Bearer {key}"})
         await pause()
-        shot("server.png")
+        shot("x11-server.png")
         srv.tabs.setCurrentIndex(1)
         await pause()
-        shot("server-keys.png")
+        shot("x11-server-keys.png")
         srv.tabs.setCurrentIndex(2)
         await pause()
-        shot("server-log.png")
+        shot("x11-server-log.png")
 
         lanes = w.show_page("Lanes")
         lanes.table.selectRow(0)
         await pause(1.2)
-        shot("lanes.png")
+        shot("x11-lanes.png")
         w.show_page("Hardware")
         await pause(4)
-        shot("hardware.png")
+        shot("x11-hardware.png")
         w.show_page("Settings")
         await pause()
-        shot("settings.png")
+        shot("x11-settings.png")
         desk.theme.set("dark")
         w.show_page("Library")
         await pause()
-        shot("library-dark.png")
+        shot("x11-library-dark.png")
         desk.theme.set("system")
         # the whole screen: the tray host (trayer) with our icon at the top right
         grab = ["import", "-window", "root", str(out / "screen.png")]
@@ -126,6 +132,13 @@ def main() -> int:
     from app.ui.main import finish_qapp, make_qapp
 
     out, models, repo = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    if DOCS in (out.resolve(), *out.resolve().parents):
+        print(
+            f"{out} is inside docs/: these pictures go to a scratch folder; the docs' screenshots are made "
+            "by `python -m tests.ui_pictures docs/screenshots`",
+            file=sys.stderr,
+        )
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     app = make_qapp()
     loop = qasync.QEventLoop(app)

@@ -6,6 +6,11 @@ header through the same memory model a local file gets, the projector a pull fet
 for plain files (whisper.cpp, Piper) and whenever the hub does not answer, the file size against the
 memory budget, said so in the entry's note. Ranking within a task: what fits first, then what runs at a
 usable speed, then the list's own quality order.
+
+Nothing is measured for a model not yet downloaded, so the speed is always the prediction: the figure
+calibrated by this machine's measured answers where there are any (app/library/speeds.py), else the range
+the memory bandwidth gives (docs/fit.md#speed). A model is usable when even the low end reaches the task's
+pace, too slow when even the high end does not, and "maybe" between.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from app.core.errors import (
 )
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
-from app.fit.plan import Budget
+from app.fit.plan import SPEED_BAND, Budget, SpeedCalibration, bandwidth_bound, rate
 from app.hardware.model import Hardware
 from app.hub.quant import RepoFile
 from app.hub.selection import pulled_projector
@@ -69,7 +74,8 @@ class Candidate:
 @dataclass(frozen=True)
 class Verdict:
     """Whether a candidate fits here; `source` is "hub" (its real header or sizes) or "list" (sizes
-    from the list, when the hub did not answer)."""
+    from the list, when the hub did not answer). The speed is predicted: `tokens_per_s` where this
+    machine's measurements calibrate it, else `tokens_per_s_range` (low, high) from the bandwidth."""
 
     verdict: str | None  # gpu, partial, cpu, too_large; None when unknown
     fits: bool | None
@@ -79,6 +85,15 @@ class Verdict:
     source: str
     note: str | None = None
     projector: str | None = None  # the projector file a pull fetches beside the quantization
+    tokens_per_s_range: tuple[float, float] | None = None
+    calibrated: bool = False
+
+    @property
+    def predicted(self) -> tuple[float, float] | None:
+        """The predicted speed as (low, high): one figure twice when calibrated; None when unknown."""
+        if self.tokens_per_s is not None:
+            return self.tokens_per_s, self.tokens_per_s
+        return self.tokens_per_s_range
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,8 @@ class Recommendation:
             "fits": v.fits,
             "summary": v.summary,
             "tokens_per_s": v.tokens_per_s,
+            "tokens_per_s_range": list(v.tokens_per_s_range) if v.tokens_per_s_range else None,
+            "calibrated": v.calibrated,
             "usable": self.usable,
             "usable_tok_s": USABLE_TOK_S.get(c.task),
             "source": v.source,
@@ -186,9 +203,32 @@ def capped(hardware: Hardware, settings: Settings) -> Hardware:
     return dataclasses.replace(hardware, memory=memory)
 
 
-def size_verdict(c: Candidate, *, hardware: Hardware, size: int | None = None, note: str) -> Verdict:
+def predicted_speed(
+    read_bytes: int, *, hardware: Hardware, calibration: Mapping[str, SpeedCalibration] | None = None
+) -> tuple[float | None, tuple[float, float] | None]:
+    """The CPU path's predicted speed for a model reading `read_bytes` a token: (calibrated tokens/s, None)
+    where this machine's measurements calibrate it, else (None, the bandwidth range); both None with no
+    bandwidth measured. The same arithmetic as the fit plan's (app/fit/plan.py)."""
+    if hardware.bandwidth is None:
+        return None, None
+    raw = bandwidth_bound(read_bytes, hardware.bandwidth.all_cores)
+    cal = (calibration or {}).get("CPU")
+    if cal is not None:
+        return round(cal.predict(raw), 1), None
+    return None, (round(raw * SPEED_BAND[0], 1), round(raw * SPEED_BAND[1], 1))
+
+
+def size_verdict(
+    c: Candidate,
+    *,
+    hardware: Hardware,
+    size: int | None = None,
+    note: str,
+    calibration: Mapping[str, SpeedCalibration] | None = None,
+) -> Verdict:
     """Bytes against the memory budget (GPU first, else RAM), with a fifth more for KV and buffers;
-    `size` is the hub's figure where it answered, else the list's is used."""
+    `size` is the hub's figure where it answered, else the list's is used. On the CPU every weight is
+    read per token: the speed is predicted from that (calibrated where `calibration` has the CPU)."""
     source = "hub" if size else "list"
     size = size or c.size
     need = int(size * HEADROOM)
@@ -196,29 +236,46 @@ def size_verdict(c: Candidate, *, hardware: Hardware, size: int | None = None, n
     gpu = max((v for k, v in budget.items() if k != "CPU"), default=0)
     ram = budget.get("CPU", 0)
     tps: float | None = None
+    band: tuple[float, float] | None = None
     if gpu and need <= gpu:
         verdict, summary = "gpu", f"about {fmt_bytes(need)} in use; {fmt_bytes(gpu)} free on the GPU"
     elif hardware.memory.available is None:
         verdict, summary = None, f"about {fmt_bytes(need)} in use; this machine's free memory is unknown"
     elif need <= ram:
         verdict, summary = "cpu", f"about {fmt_bytes(need)} in use; {fmt_bytes(ram)} of RAM to spare"
-        if hardware.bandwidth is not None and c.task in USABLE_TOK_S:
-            tps = round(hardware.bandwidth.all_cores / 2 / max(size, 1), 1)  # every weight read per token
+        if c.task in USABLE_TOK_S:
+            tps, band = predicted_speed(size, hardware=hardware, calibration=calibration)
     else:
         verdict, summary = "too_large", f"does not fit: needs about {fmt_bytes(need)}, {fmt_bytes(ram)} free"
     fits = None if verdict is None else verdict != "too_large"
-    return Verdict(verdict, fits, summary, tps, size, source, note)
+    return Verdict(
+        verdict, fits, summary, tps, size, source, note, tokens_per_s_range=band, calibrated=tps is not None
+    )
 
 
-def verdict_from_detail(c: Candidate, doc: Mapping[str, Any], *, hardware: Hardware) -> Verdict:
-    """The verdict from a hub model page (ModelDetail.public(), fit filled for `c.quant`)."""
+def verdict_from_detail(
+    c: Candidate,
+    doc: Mapping[str, Any],
+    *,
+    hardware: Hardware,
+    calibration: Mapping[str, SpeedCalibration] | None = None,
+) -> Verdict:
+    """The verdict from a hub model page (ModelDetail.public(), fit filled for `c.quant`); its speed is the
+    fit plan's prediction (calibrated, else the bandwidth range). `calibration` serves the size-only
+    verdicts, for files the memory model does not read."""
     if not c.quant:
         sizes = {f["path"]: f.get("size") for f in doc.get("files") or []}
         missing = [f for f in c.files if f not in sizes]
         if missing:
             raise HubFileNotFoundError(f"{c.repo} has no {missing[0]} any more; judged from the list's size")
         total = sum(int(sizes[f] or 0) for f in c.files) or None
-        return size_verdict(c, hardware=hardware, size=total, note="judged from the file sizes on the hub")
+        return size_verdict(
+            c,
+            hardware=hardware,
+            size=total,
+            note="judged from the file sizes on the hub",
+            calibration=calibration,
+        )
     choice = next(
         (
             q
@@ -234,18 +291,29 @@ def verdict_from_detail(c: Candidate, doc: Mapping[str, Any], *, hardware: Hardw
     size = int(choice.get("size") or 0) + int((proj.size if proj else 0) or 0)
     v = ((doc.get("fit") or {}).get("quantizations") or {}).get(choice["name"]) or {}
     if v.get("verdict") is None:
-        base = size_verdict(c, hardware=hardware, size=size or None, note=v.get("summary") or "not estimated")
+        base = size_verdict(
+            c,
+            hardware=hardware,
+            size=size or None,
+            note=v.get("summary") or "not estimated",
+            calibration=calibration,
+        )
         return dataclasses.replace(base, projector=proj.path if proj else None)
     note = f"with the projector {proj.path}" if proj else None
+    chosen = ((v.get("plan") or {}).get("chosen")) or {}
+    band = chosen.get("tokens_per_s_range")
+    tps = chosen.get("tokens_per_s", v.get("tokens_per_s"))
     return Verdict(
         v["verdict"],
         v.get("fits"),
         v.get("summary") or "",
-        v.get("tokens_per_s"),
+        tps,
         size,
         "hub",
         note,
         proj.path if proj else None,
+        tokens_per_s_range=(float(band[0]), float(band[1])) if band and tps is None else None,
+        calibrated=bool(chosen.get("calibrated")),
     )
 
 
@@ -262,17 +330,37 @@ def hub_asker(client: Any, *, inputs: AdviceInputs) -> Asker:
         detail = client.detail(c.repo, card=False)
         if c.quant:
             fit_detail(detail, reader=client.reader, inputs=inputs, only=c.quant)
-        return verdict_from_detail(c, detail.public(), hardware=inputs.hardware)
+        return verdict_from_detail(c, detail.public(), hardware=inputs.hardware, calibration=inputs.speed)
 
     return ask
 
 
+def predicted_words(r: dict[str, Any], *, tag: str = " predicted") -> str:
+    """An entry's predicted speed for a column: the calibrated figure, else the bandwidth range, marked
+    as predicted (nothing is measured before a download) and as slow where the task's pace is not met."""
+    if r.get("tokens_per_s") is not None:
+        speed = f"~{rate(r['tokens_per_s'])} tok/s{tag}"
+    elif r.get("tokens_per_s_range"):
+        low, high = r["tokens_per_s_range"]
+        speed = f"{rate(low)}-{rate(high)} tok/s{tag}"
+    else:
+        return "-"
+    if r["usable"] is False:
+        return speed + " (slow)"
+    return speed + (" (may be slow)" if r["usable"] is None and r.get("usable_tok_s") else "")
+
+
 # ---- ranking ----------------------------------------------------------------------------------------
 def usable(c: Candidate, v: Verdict) -> bool | None:
+    """Fast enough for the task by the predicted speed: True when even its low end is, False when even its
+    high end is not, None in between or where there is no prediction (GPU placements, no bandwidth)."""
     threshold = USABLE_TOK_S.get(c.task)
-    if threshold is None or v.tokens_per_s is None:
+    if threshold is None or v.predicted is None:
         return None
-    return v.tokens_per_s >= threshold
+    low, high = v.predicted
+    if low >= threshold:
+        return True
+    return False if high < threshold else None
 
 
 def _order(r: Recommendation) -> tuple[int, int, int]:
@@ -314,8 +402,10 @@ def recommend(
             except (HubOfflineError, HubUnreachableError) as exc:
                 down.append(exc.message)
             except HubError as exc:
-                return c, size_verdict(c, hardware=hw, note=f"{exc.message}; judged from the list's size")
-        return c, size_verdict(c, hardware=hw, note="the hub did not answer; judged from the list's size")
+                note = f"{exc.message}; judged from the list's size"
+                return c, size_verdict(c, hardware=hw, note=note, calibration=inputs.speed)
+        note = "the hub did not answer; judged from the list's size"
+        return c, size_verdict(c, hardware=hw, note=note, calibration=inputs.speed)
 
     with ThreadPoolExecutor(max_workers=PARALLEL_ASKS) as pool:
         judged = list(pool.map(one, chosen))

@@ -27,7 +27,7 @@ def register(sub: Subparsers) -> None:
     rc.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _server_asker(server: Any, *, hardware: Any) -> Any:
+def _server_asker(server: Any, *, hardware: Any, calibration: Any) -> Any:
     """Each entry's model page with its fit, from the running server (its errors become hub errors, so
     the entry falls back to the list's size)."""
     from app.advice.recommend import Candidate, Verdict, verdict_from_detail
@@ -43,15 +43,15 @@ def _server_asker(server: Any, *, hardware: Any) -> Any:
             raise
         except SwitchyardError as exc:
             raise HubError(exc.message) from exc
-        return verdict_from_detail(c, doc, hardware=hardware)
+        return verdict_from_detail(c, doc, hardware=hardware, calibration=calibration)
 
     return ask
 
 
 def _rows(doc: dict[str, Any]) -> list[str]:
     from app.advice.hub_fit import VERDICT_WORDS
+    from app.advice.recommend import predicted_words
     from app.core.units import fmt_bytes
-    from app.fit.plan import rate
 
     lines: list[str] = []
     if doc.get("hub_problem"):
@@ -59,13 +59,11 @@ def _rows(doc: dict[str, Any]) -> list[str]:
     for task, recs in doc["tasks"].items():
         lines.append(task)
         for i, r in enumerate(recs, 1):
-            speed = f"{rate(r['tokens_per_s'])} tok/s" if r["tokens_per_s"] is not None else "-"
-            if r["usable"] is False:
-                speed += " (slow)"
+            speed = predicted_words(r)
             name = r["pull"][0] + (" [vision]" if r["vision"] else "")
             verdict = VERDICT_WORDS.get(r["verdict"] or "", "unknown")
             lines.append(
-                f"  {i}. {name:<55} {fmt_bytes(r['size']):>10}  {verdict:<20} {speed:<16} {r['why']}"
+                f"  {i}. {name:<55} {fmt_bytes(r['size']):>10}  {verdict:<20} {speed:<38} {r['why']}"
             )
         best = recs[0] if recs and recs[0]["fits"] is not False else None
         if best:
@@ -76,16 +74,34 @@ def _rows(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _calibrated(inputs: Any, ctx: CliContext) -> Any:
+    """`inputs` with this machine's speed calibration from library.db (the speeds its answers measured),
+    so the predictions are the ones the window and a running server give."""
+    import dataclasses
+
+    from app.library.speeds import machine_calibration
+    from app.library.store import Library
+
+    bw = inputs.hardware.bandwidth.all_cores if inputs.hardware.bandwidth else None
+    if bw is None:
+        return inputs
+    library = Library.open(ctx.paths)
+    try:
+        return dataclasses.replace(inputs, speed=machine_calibration(library, bandwidth=bw))
+    finally:
+        library.close()
+
+
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from app.advice.inputs import local_inputs
     from app.advice.recommend import capped, hub_asker, recommend
     from app.hub.browse import Hub
 
     settings = ctx.settings(args)
-    inputs = local_inputs(settings, ctx.paths)
+    inputs = _calibrated(local_inputs(settings, ctx.paths), ctx)
     server = None if args.local else ctx.running(args.url, api_key=args.api_key)
     if server is not None:
-        ask = _server_asker(server, hardware=capped(inputs.hardware, settings))
+        ask = _server_asker(server, hardware=capped(inputs.hardware, settings), calibration=inputs.speed)
     else:
         ask = hub_asker(Hub(ctx.paths, settings).client(), inputs=inputs)
     found = recommend(inputs, ask=ask, task=args.task).public()

@@ -381,7 +381,11 @@ def _report(
             "partial": f"partial offload: {chosen.gpu_layers} of {layout.block_count} layers on the GPU",
             "cpu": "runs on the CPU only",
         }[chosen.name]
-        ctx = f" at context {chosen.params.ctx_size}"
+        # what one prompt and its reply may hold, the number a user sends against; the total as detail
+        total_ctx, parallel = chosen.params.ctx_size, max(chosen.params.parallel, 1)
+        ctx = f" at context {total_ctx}"
+        if parallel > 1:
+            ctx = f" at {total_ctx // parallel} tokens per request ({total_ctx} in all, {parallel} at once)"
         if reduced_from:
             ctx += f" (reduced from {reduced_from} to fit)"
         return FitReport(

@@ -224,6 +224,12 @@ def calibrate(speeds: Iterable[Speed], *, bandwidth: float | None) -> dict[str, 
     return {"CPU": SpeedCalibration(efficiency=eff, per_token_s=per_token, models=len(rows))}
 
 
+def machine_calibration(library: Library, *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
+    """This machine's calibration from the speeds recorded in `library` (for commands that run without a
+    server: `switchyard explain`, `switchyard recommend --local`); empty when nothing calibrates it."""
+    return SpeedStore(library).calibration(bandwidth=bandwidth)
+
+
 class SpeedRecorder:
     """What the gateway calls once per answer; `where(model_id)` says where the model runs now (None: not
     on a lane this records, e.g. a remote). The first answer of each load is skipped: its weights are still

@@ -1,5 +1,9 @@
 """Discover's Recommended view: the curated small models per task, ranked for this machine
-(app/advice/recommend.py), each with one Download button. It opens on first run (an empty library)."""
+(app/advice/recommend.py), each with one Download button. It opens on first run (an empty library).
+
+The speed shown is the prediction (nothing is measured before a download): calibrated by this machine's
+measured answers where there are any, else the range the memory bandwidth gives. A Download of an entry
+that does not fit warns first, naming the task's entry that fits; a second press fetches it anyway."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.advice.hub_fit import VERDICT_WORDS
+from app.advice.recommend import predicted_words
 from app.ui import fmt
 from app.ui.pages import table
 
@@ -26,6 +31,7 @@ class RecommendView(QWidget):
         self.report = report
         self.doc: dict[str, Any] | None = None
         self.rows: list[dict[str, Any]] = []
+        self._warned: set[str] = set()  # entries that do not fit, warned about once
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         head = QHBoxLayout()
@@ -43,7 +49,15 @@ class RecommendView(QWidget):
         self.note = QLabel("")
         self.note.setWordWrap(True)
         lay.addWidget(self.note)
-        self.table = table(["Task", "Model", "Size", "Fit here", "Speed", ""], stretch=1, wrap=True)
+        self.table = table(
+            ["Task", "Model", "Size", "Fit here", "Speed (predicted)", ""], stretch=1, wrap=True
+        )
+        speed_head = self.table.horizontalHeaderItem(4)
+        assert speed_head is not None  # set by table() from the headers
+        speed_head.setToolTip(
+            "Tokens per second this machine should reach: calibrated from the answers measured here, or a "
+            "range from the memory bandwidth until a model has been measured"
+        )
         lay.addWidget(self.table, 1)
 
     def refresh(self) -> asyncio.Task[Any]:
@@ -55,7 +69,10 @@ class RecommendView(QWidget):
 
         self.note.setText("<i>checking which models fit this machine…</i>")
         rt = self.desk.runtime
-        inputs = AdviceInputs(settings=rt.settings, hardware=await rt.hardware_now(), pins=rt.pins.all())
+        hardware = await rt.hardware_now()
+        bw = hardware.bandwidth.all_cores if hardware.bandwidth else None
+        speed = await asyncio.to_thread(rt.speeds.store.calibration, bandwidth=bw)
+        inputs = AdviceInputs(settings=rt.settings, hardware=hardware, pins=rt.pins.all(), speed=speed)
         ask = hub_asker(rt.hub.client(), inputs=inputs)
         found = await asyncio.to_thread(recommend, inputs, ask=ask)
         self.show_doc(found.public())
@@ -69,6 +86,7 @@ class RecommendView(QWidget):
             else "Best first for each task: what fits here, then what runs at a usable speed."
         )
         self.rows = [r for recs in doc["tasks"].values() for r in recs]
+        self._warned.clear()
         self.table.setRowCount(len(self.rows))
         shown: set[str] = set()
         for i, r in enumerate(self.rows):
@@ -81,9 +99,7 @@ class RecommendView(QWidget):
         if not r["quant"]:
             name += f" · {r['files'][0].rsplit('/', 1)[-1]}"
         tags = "  [vision]" if r["vision"] else ""
-        speed = f"~{r['tokens_per_s']:.0f} tok/s" if r["tokens_per_s"] is not None else "-"
-        if r["usable"] is False:
-            speed += " (slow)"
+        speed = predicted_words(r, tag="")
         cells = [
             TASK_WORDS[r["task"]] if first else "",
             f"{name}{tags}\n{r['why']}",
@@ -102,13 +118,39 @@ class RecommendView(QWidget):
         dl.setToolTip("Fetch " + " and ".join(r["pull"]))
         if r["fits"] is False:
             dl.setText("Download anyway")
-            dl.setToolTip("It does not fit this machine: " + r["summary"])
+            dl.setToolTip(f"It does not fit this machine: {r['summary']}.{self._smaller(r['task'])}")
         dl.clicked.connect(lambda _=False, row=i, b=dl: self.download(row, b))
         self.table.setCellWidget(i, 5, dl)
 
-    def download(self, row: int, button: QPushButton | None = None) -> asyncio.Task[Any]:
-        """Queue the entry's files: its quantization (the projector comes with it), or each listed file."""
+    def _fitting(self, task: str) -> dict[str, Any] | None:
+        """The task's best entry that fits here (the list is ranked: the first that fits)."""
+        return next((r for r in self.rows if r["task"] == task and r["fits"]), None)
+
+    def _smaller(self, task: str) -> str:
+        """What to pick instead of an entry that does not fit: the task's entry that fits, else a smaller
+        model found by searching."""
+        better = self._fitting(task)
+        if better:
+            return f" A smaller model fits: {better['pull'][0]} ({fmt.size(better['size'])})."
+        return (
+            " None of the listed models for this task fits here: free some memory, or press Back to search "
+            "and look for a model with fewer parameters."
+        )
+
+    def download(self, row: int, button: QPushButton | None = None) -> asyncio.Task[Any] | None:
+        """Queue the entry's files: its quantization (the projector comes with it), or each listed file.
+        One that does not fit asks first, as Discover does: the first press warns on the page (naming the
+        task's entry that fits, where one does), a second press downloads it anyway."""
         r = self.rows[row]
+        key = r["pull"][0]
+        if r["fits"] is False and key not in self._warned:
+            self._warned.add(key)
+            said = r["summary"]
+            what = said if said.startswith("does not fit") else f"does not fit this machine ({said})"
+            self.report(
+                f"{key} {what}.{self._smaller(r['task'])} Press Download anyway again to fetch it regardless."
+            )
+            return None
         return self.desk.spawn(self._submit(r), disable=[button] if button else [], report=self.report)
 
     async def _submit(self, r: dict[str, Any]) -> list[Any]:

@@ -180,7 +180,11 @@ class MainWindow(QMainWindow):
         self.hide()
         if not self.desk.state.get("closed_to_tray_noted"):
             self.desk.state.set("closed_to_tray_noted", True)
-            where = "the tray icon" if self.desk.tray.isVisible() else "running `switchyard` again"
+            where = (
+                "the tray icon"
+                if self.desk.tray.isVisible()
+                else "starting Switchyard again from the applications menu"
+            )
             self.desk.notify(
                 "Switchyard is still running",
                 f"The server keeps answering. Open the window from {where}; Quit stops it.",

@@ -38,6 +38,12 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (r"`switchyard pull [^`]*`", "Download on the Discover page"),
         (
+            r"add a judge, e\.g\. with `switchyard guard enable [^`]*`",
+            "on the Settings page, tick Judge requests and answers with a safety model and press Save "
+            "settings: that downloads a judge",
+        ),
+        (r"`switchyard guard enable [^`]*`", "the Safety section of the Settings page"),
+        (
             r"no system keyring is available here \(backend [\w.]+\)",
             "this desktop has no password store (system keyring) running",
         ),

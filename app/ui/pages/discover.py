@@ -32,6 +32,11 @@ from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.recommend_view import RecommendView
 
+# said where no file of a repository fits here: the way out is a model with fewer parameters
+NONE_FITS = (
+    "No file of this repository fits this machine: choose a model with fewer parameters "
+    "(the Recommended button lists small ones that fit)."
+)
 # hub tags that say a repository reads images (search hits carry no file list to find a projector in)
 VISION_TAGS = frozenset({"image-text-to-text", "vision", "multimodal", "llava"})
 
@@ -277,6 +282,8 @@ class DiscoverPage(Page):
                 dl.setToolTip("It does not fit this machine: see Why?")
             self.quants.setCellWidget(i, 4, why)
             self.quants.setCellWidget(i, 5, dl)
+        if not checking and quants and fit and not any((v or {}).get("fits") for v in fit.values()):
+            self.model_meta.setText(f"{self.model_meta.text()}<br><b>{NONE_FITS}</b>")
         if not quants:
             self.quants.setRowCount(1)
             self.quants.setItem(0, 0, QTableWidgetItem("no GGUF files in this repository"))
@@ -330,7 +337,7 @@ class DiscoverPage(Page):
         if v.get("verdict") == "too_large" and quant not in self._warned:
             self._warned.add(quant)
             better = self.smaller_that_fit(quant)
-            hint = f" {better[0]} fits: download that instead." if better else ""
+            hint = f" {better[0]} fits: download that instead." if better else f" {NONE_FITS}"
             self.report(
                 f"{repo}:{quant} does not fit this machine (see Why?).{hint} "
                 "Press Download anyway again to fetch it regardless."

@@ -20,15 +20,29 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app.core.errors import SettingsError
 from app.core.secrets import Secret
 from app.core.settings_file import set_settings
 from app.hub.config import DEFAULT_ENDPOINT, hub_config
+from app.safety.known import DEFAULT_JUDGE, KNOWN, KnownJudge
 from app.ui import autostart
 from app.ui.pages import Page
+
+NO_JUDGE = (
+    "No judge yet: tick the box above and press Save settings. Switchyard then downloads a small safety "
+    "model (Qwen3Guard 0.6B) and makes it the judge."
+)
+
+
+def default_judge() -> KnownJudge:
+    """The guard model `switchyard guard enable` uses by default (its repository, quantization, format)."""
+    return KNOWN[DEFAULT_JUDGE]
 
 
 class SettingsPage(Page):
@@ -38,6 +52,16 @@ class SettingsPage(Page):
     def __init__(self, desk: Any) -> None:
         super().__init__(desk)
         s = desk.runtime.settings
+        # the fields scroll below the title: the page's full height must not set the window's smallest
+        # height (the window works at 1024x640, docs/desktop.md)
+        body = QWidget()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(body)
+        self.root.addWidget(scroll, 1)
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(0, 0, 0, 0)
         form = QFormLayout()
         self.models_dirs = QLineEdit("; ".join(str(p) for p in s.models_dirs))
         self.models_dirs.setPlaceholderText(f"{desk.paths.models} (default); separate several with ;")
@@ -84,16 +108,16 @@ class SettingsPage(Page):
         form.addRow("", self.start_server)
         form.addRow("", self.login)
         self._safety_rows(form, s.policy)
-        self.root.addLayout(form)
+        self.body.addLayout(form)
         self.save_btn = QPushButton("Save settings")
         self.save_btn.clicked.connect(self.save)
         self.saved = QLabel("")
         row = QHBoxLayout()
         row.addWidget(self.save_btn)
         row.addWidget(self.saved, 1)
-        self.root.addLayout(row)
+        self.body.addLayout(row)
 
-        self.root.addWidget(
+        self.body.addWidget(
             QLabel("<b>Hugging Face token</b> (for gated and private models; kept in the system keyring)")
         )
         trow = QHBoxLayout()
@@ -106,19 +130,21 @@ class SettingsPage(Page):
         trow.addWidget(self.token, 1)
         trow.addWidget(self.to_file)
         trow.addWidget(self.token_btn)
-        self.root.addLayout(trow)
+        self.body.addLayout(trow)
         found = desk.runtime.tokens.find().public()
         self.token_state = QLabel(
             f"Token: {'set (' + str(found.get('source')) + ')' if found.get('set') else 'none'}"
         )
-        self.root.addWidget(self.token_state)
-        self.root.addWidget(self.status)
-        self.root.addStretch(1)
+        self.body.addWidget(self.token_state)
+        self.body.addWidget(self.status)
+        self.body.addStretch(1)
         self._shown = self.values()  # what the page showed: only what differs from it is saved
         self.applying: asyncio.Task[Any] | None = None  # the last save's apply to the running Runtime
+        self.judge_download: asyncio.Task[Any] | None = None  # the default judge's, when saving added it
 
     def _safety_rows(self, form: QFormLayout, policy: dict[str, Any]) -> None:
-        """The Safety section (docs/safety.md): the policy's switches; judges come from `switchyard guard`."""
+        """The Safety section (docs/safety.md): the policy's switches. With no judge yet, turning it on and
+        saving makes the default guard model the judge and downloads it (as `switchyard guard enable`)."""
         self._policy_base = dict(policy)
         self.safety_on = QCheckBox("Judge requests and answers with a safety model")
         self.safety_on.setChecked(bool(policy.get("enabled")))
@@ -134,9 +160,8 @@ class SettingsPage(Page):
         for box in (self.safety_judge, self.safety_fail, self.safety_controversial):
             box.setMaximumWidth(220)
         judges = ", ".join(str(j.get("model")) for j in policy.get("judges", []) if isinstance(j, dict))
-        self.safety_judges = QLabel(
-            f"Judges: {judges}" if judges else "No judge yet: run `switchyard guard enable qwen3guard-0.6b`"
-        )
+        self.safety_judges = QLabel(f"Judges: {judges}" if judges else NO_JUDGE)
+        self.safety_judges.setWordWrap(True)
         form.addRow(QLabel("<b>Safety</b>"))
         form.addRow("", self.safety_on)
         form.addRow("Judge each", self.safety_judge)
@@ -147,8 +172,13 @@ class SettingsPage(Page):
     def _policy_value(self) -> dict[str, Any]:
         if not self._policy_base and not self.safety_on.isChecked():
             return {}  # no policy, and none asked for: nothing to write
+        judges = self._policy_base.get("judges") or []
+        if self.safety_on.isChecked() and not judges:
+            judge = default_judge()
+            judges = [{"model": judge.model, "format": judge.format}]
         return {
             **self._policy_base,
+            **({"judges": judges} if judges else {}),
             "enabled": self.safety_on.isChecked(),
             "judge": self.safety_judge.currentText(),
             "fail": self.safety_fail.currentText(),
@@ -180,6 +210,9 @@ class SettingsPage(Page):
         """Merge into settings.json; a value the server would refuse is refused here, with its reason."""
         self.clear_report()
         path: Path = self.desk.paths.settings_file
+        adding_judge = self.safety_on.isChecked() and not self._policy_base.get("judges")
+        if adding_judge and self.max_lanes.value() < 2:
+            self.max_lanes.setValue(2)  # the judge's lane stays loaded beside the model it judges
         values = self.values()
         changed = {k: v for k, v in values.items() if v != self._shown.get(k)}
         try:
@@ -192,7 +225,27 @@ class SettingsPage(Page):
         self.saved.setText("Saved; applying…" if changed else "Nothing changed.")
         if changed:
             self.applying = self.desk.spawn(self._apply(changed), disable=[self.save_btn], report=self.report)
+        if adding_judge:
+            self._policy_base = dict(values["policy"])
+            self.judge_download = self._fetch_judge()
         return True
+
+    def _fetch_judge(self) -> asyncio.Task[Any] | None:
+        """Queue the default judge's download unless the library has it; it shows in Discover's list."""
+        judge = default_judge()
+        self.safety_judges.setText(f"Judges: {judge.model}")
+        have = any(
+            e.origin is not None and e.origin.repo == judge.repo and (e.quant or "").upper() == judge.quant
+            for e in self.desk.runtime.catalog.entries()
+        )
+        if have:
+            return None
+        self.safety_judges.setText(
+            f"Judges: {judge.model} (downloading: see the Downloads list on the Discover page)"
+        )
+        return self.desk.spawn(
+            self.desk.runtime.downloads.submit(judge.repo, quant=judge.quant), report=self.report
+        )
 
     async def _apply(self, changed: dict[str, Any]) -> None:
         change = await self.desk.runtime.change_settings(changed)
