@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+EVENTS = 30_000  # per cycle
+
 
 def leftovers(app: Any) -> list[str]:
     """Our widgets and top-level Qt objects still alive after a quit."""
@@ -36,6 +38,13 @@ async def cycle(app: Any, models: Path) -> dict[str, Any]:
             window.show_page(name)
             await asyncio.sleep(0.05)
         window.pages["Discover"].why("none")  # nothing open: no dialog, no error
+        # a long session's worth of events through the bridge (a day of hardware samples is 86,400):
+        # PySide6 6.12.0's Signal.emit lost a reference to True per event, which aborted the
+        # interpreter once True's count (about 12,000 here) ran out
+        before = sys.getrefcount(True)
+        for _ in range(EVENTS):
+            desk.bridge.emit_local("ui.session", busy=True)
+        drift = sys.getrefcount(True) - before
         window.show_about()
         window.close()  # to the tray first, as people do
         await asyncio.sleep(0.2)
@@ -44,7 +53,7 @@ async def cycle(app: Any, models: Path) -> dict[str, Any]:
     await asyncio.sleep(0.1)  # a turn of the loop: the window's deferred deletion
     import shiboken6
 
-    return {"window_deleted": not shiboken6.isValid(window), "left": leftovers(app)}
+    return {"window_deleted": not shiboken6.isValid(window), "left": leftovers(app), "true_drift": drift}
 
 
 def main() -> int:
