@@ -115,7 +115,7 @@ def test_turning_safety_on_with_no_judge_fetches_one(
             written = json.loads(paths.settings_file.read_text())
             assert written["policy"]["enabled"] is True
             assert written["policy"]["judges"] == [{"model": judge.model, "format": judge.format}]
-            assert written["max_loaded_lanes"] >= 2
+            assert "max_loaded_lanes" not in written  # the judge has a lane of its own beside the text lane
             job = await sp.judge_download
             assert job.repo == judge.repo
             await until(lambda: desk.window.pages["Discover"].job_state(job.id) == "completed", what="judge")

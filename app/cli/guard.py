@@ -70,9 +70,8 @@ def _enable(args: argparse.Namespace, ctx: CliContext) -> int:
         fail=args.fail,
         judges=[{"model": judge.model, "format": judge.format}, *others],
     )
+    # no max_loaded_lanes to raise: a judge's lane has a pool of its own beside the text lane
     values: dict[str, Any] = {"policy": policy}
-    if ctx.base_settings().max_loaded_lanes < 2:
-        values["max_loaded_lanes"] = 2  # the judge's lane stays loaded beside the text lane
     _write(args, ctx, values)
     print(f"safety policy on: {judge.model} ({judge.format}) judges each {args.judge}; fail {args.fail}")
     return 0

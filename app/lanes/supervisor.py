@@ -33,6 +33,7 @@ from app.core.errors import (
 )
 from app.core.events import EventBus
 from app.core.pins import PinStore
+from app.core.policy import parse_policy
 from app.core.settings import Settings
 from app.core.units import MIB
 from app.fit.plan import FitReport
@@ -237,27 +238,46 @@ class Supervisor:
             raise LaneNotFoundError(f"no lane {lane_id!r}; lanes: {known}")
         return lane
 
-    def _loaded(self, kind: str) -> list[Lane]:
+    def judge_ids(self) -> frozenset[str]:
+        """The library ids of the safety policy's judges (docs/safety.md): small side lanes of their own."""
+        try:
+            specs = parse_policy(self.settings.policy).judges
+        except SwitchyardError:
+            return frozenset()
+        ids = set()
+        for spec in specs:
+            with contextlib.suppress(SwitchyardError):
+                if (entry := self.catalog.find(spec.model)) is not None:
+                    ids.add(entry.id)
+        return frozenset(ids)
+
+    def pool_of(self, lane: Lane) -> str:
+        """The group whose count one limit caps: judges have their own, beside the text lane."""
+        return "judge" if lane.model_id in self.judge_ids() else _pool(lane.kind)
+
+    def _loaded(self, pool: str) -> list[Lane]:
         return [
             ln
             for ln in self.lanes.values()
-            if _pool(ln.kind) == _pool(kind) and ln.state in (LaneState.READY, LaneState.STARTING)
+            if self.pool_of(ln) == pool and ln.state in (LaneState.READY, LaneState.STARTING)
         ]
 
-    def _limit(self, kind: str) -> int:
-        side = _pool(kind) == "side"
-        return self.settings.max_embedding_lanes if side else self.settings.max_loaded_lanes
+    def _limit(self, pool: str) -> int:
+        if pool == "judge":
+            return max(len(self.judge_ids()), 1)  # every judge of the policy may stay loaded
+        return self.settings.max_embedding_lanes if pool == "side" else self.settings.max_loaded_lanes
 
     async def _make_room(self, target: Lane) -> None:
-        others = [ln for ln in self._loaded(target.kind) if ln is not target]
-        excess = len(others) + 1 - self._limit(target.kind)
+        pool = self.pool_of(target)
+        others = [ln for ln in self._loaded(pool) if ln is not target]
+        excess = len(others) + 1 - self._limit(pool)
         victims = sorted(others, key=lambda ln: (ln.in_flight > 0, ln.last_used or 0))[: max(0, excess)]
         for victim in victims:
-            limit = f"only {self._limit(target.kind)} {target.kind} lane(s) may be loaded"
+            limit = f"only {self._limit(pool)} {target.kind} lane(s) may be loaded"
             await self._swap_out(victim, target, busy=f"{limit}; retry, or raise max_loaded_lanes")
         if self.settings.residency == "memory":
             await self._make_memory_room(target)
-        elif target.kind in _SIDE_KINDS:
+        elif target.kind in _SIDE_KINDS or pool == "judge":
             await self._make_memory_room(target, side=True)
         # the card's memory just before the start: the settle footprint is the delta from it
         self._gpu_before[target.model_id] = await asyncio.to_thread(gpu_used_now, self.hardware)

@@ -211,8 +211,6 @@ class SettingsPage(Page):
         self.clear_report()
         path: Path = self.desk.paths.settings_file
         adding_judge = self.safety_on.isChecked() and not self._policy_base.get("judges")
-        if adding_judge and self.max_lanes.value() < 2:
-            self.max_lanes.setValue(2)  # the judge's lane stays loaded beside the model it judges
         values = self.values()
         changed = {k: v for k, v in values.items() if v != self._shown.get(k)}
         try:
