@@ -29,6 +29,7 @@ from app.core.errors import (
 from app.core.events import EventBus
 from app.core.paths import Paths
 from app.core.settings import Settings
+from app.hardware.build_choice import BUILDS
 from app.lanes import engine_install
 from app.lanes.engine_store import (
     EngineState,
@@ -302,9 +303,12 @@ def test_cli_ls_json_and_table(capsys: pytest.CaptureFixture[str], store: Engine
         assert rows["vllm"]["can_start"] is False and "vllm is not installed" in rows["vllm"]["health"]
     assert main(["engine", "ls"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["KIND", "INSTALLED", "PINNED", "PATH", "HEALTH"]
+    assert table[0].split() == ["KIND", "INSTALLED", "PINNED", "BUILD", "PATH", "HEALTH"]
     line = next(ln for ln in table if ln.startswith("piper "))
     assert "1.8.0 (own env)" in line and "1.7.0 (you)" in line and line.rstrip().endswith("ok")
+    llama = next(ln for ln in table if ln.startswith("llama.cpp "))
+    build = llama[table[0].index("BUILD") :].split()[0]
+    assert build == rows["llama.cpp"]["build"] and build in BUILDS  # the build this machine calls for
 
 
 def test_cli_pin_rollback_remove_and_errors(capsys: pytest.CaptureFixture[str]) -> None:

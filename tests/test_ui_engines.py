@@ -53,6 +53,10 @@ def test_engine_table_rollback_and_a_failed_update(
                 return [panel.table.item(row, j).text() for j in range(panel.table.columnCount())]
 
             assert cells()[1:5] == ["1.8.0", "own environment", "1.8.0", "1.7.0"]
+            # the build this machine calls for, with the reason in its tooltip (no GPU here: cpu)
+            llama = names.index("llama.cpp")
+            build = panel.table.item(llama, 6)
+            assert build.text() == "cpu" and "CPU" in build.toolTip(), build.toolTip()
             panel.table.selectRow(row)
             assert panel.rollback_btn.isEnabled() and panel.update_btn.isEnabled()
             assert not panel.install_btn.isEnabled()  # installed already: Update, not Install

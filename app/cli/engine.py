@@ -112,7 +112,7 @@ def _ls(args: argparse.Namespace, settings: Settings, store: Any) -> int:
     if args.json:
         print(json.dumps({"engines": rows}, indent=2))
         return EXIT_OK
-    rows_out = [("KIND", "INSTALLED", "PINNED", "PATH", "HEALTH")]
+    rows_out = [("KIND", "INSTALLED", "PINNED", "BUILD", "PATH", "HEALTH")]
     for r in rows:
         where = {"managed": "own env", "app": "app", "path": "binary"}.get(r["where"] or "", "")
         installed = f"{r['version'] or '?'} ({where})" if r["installed"] else "-"
@@ -120,7 +120,8 @@ def _ls(args: argparse.Namespace, settings: Settings, store: Any) -> int:
             installed += f", previous {r['previous']}"
         pinned = f"{r['pinned']}{' (you)' if r['pinned_by'] == 'you' else ''}" if r["pinned"] else "-"
         health = "ok" if r["can_start"] else f"cannot start: {r['health']}"
-        rows_out.append((r["engine"], installed, pinned, r["path"] or "-", r["problem"] or health))
+        build = r.get("build") or "-"
+        rows_out.append((r["engine"], installed, pinned, build, r["path"] or "-", r["problem"] or health))
     table(rows_out)
     return EXIT_OK
 

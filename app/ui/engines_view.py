@@ -27,7 +27,8 @@ class EnginesPanel(QWidget):
         root.setContentsMargins(0, 0, 0, 0)
         root.addWidget(QLabel("<b>Engines</b>"))
         # the health column carries install hints: they wrap onto more lines rather than being cut
-        headers = ["Engine", "Installed", "From", "Pinned", "Previous", "Health"]
+        # Build: the GPU build this machine calls for (cpu, cuda12/13, rocm, vulkan, metal), why in its tip
+        headers = ["Engine", "Installed", "From", "Pinned", "Previous", "Health", "Build"]
         self.table = table(headers, stretch=5, wrap=True)
         self.table.itemSelectionChanged.connect(self._buttons)
         root.addWidget(self.table)
@@ -82,10 +83,12 @@ class EnginesPanel(QWidget):
                 pinned,
                 r["previous"] or "-",
                 for_window(r["problem"] or ("ok" if r["can_start"] else r["health"])),
+                r.get("build") or "-",
             ]
+            tips = {2: str(r["path"] or cells[2]), 6: str(r.get("build_why") or cells[6])}
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
-                item.setToolTip(str(r["path"] or c) if j == 2 else c)
+                item.setToolTip(tips.get(j, c))
                 self.table.setItem(i, j, item)
             if r["engine"] == keep:
                 self.table.selectRow(i)
