@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from app.core.units import fmt_bytes
-from app.lanes.bank import BankStore, Checkpoint, Identity, bank_dir, fingerprints, new_checkpoint_id
+from app.lanes.bank import MIB, BankStore, Checkpoint, Identity, bank_dir, fingerprints, new_checkpoint_id
 from tests.conftest import REPO, ServerProcess, link_models, wait_gone
 from tests.tinymodels import TinySpec, write_tiny_gguf
 
@@ -157,6 +157,110 @@ def test_a_conversation_stays_warm_across_swaps_restarts_and_refuses_what_it_can
         assert cleared["dropped"] >= 1 and _bank(server)["checkpoints"] == []
     finally:
         _stop(server)
+
+
+# four KiB of KV cache per token (4 layers x 256 K and V values x f16): a conversation of a few hundred
+# tokens is a slot file of about 3 MiB, so a budget of 8 MiB holds two of them (grown a turn or two)
+# and not three
+WIDE = TinySpec(n_embd=256, n_layer=4, n_head=4, n_head_kv=4, n_ff=256, seed=21)
+BUDGET_MIB = 8
+
+
+def _held(server: ServerProcess, home: Path) -> dict[str, dict[str, Any]]:
+    """The bank's checkpoints by id, after checking that /api/bank and the files in its folder agree and
+    that both stay within the budget."""
+    bank = _bank(server)
+    budget = BUDGET_MIB * MIB
+    assert bank["budget_bytes"] == budget
+    rows = {c["id"]: c for c in bank["checkpoints"]}
+    on_disk = {p.name: p.stat().st_size for p in (bank_dir(home) / "slots").iterdir()}
+    assert on_disk == {f"{cid}.bin": c["bytes"] for cid, c in rows.items()}, (on_disk, rows)
+    assert bank["bytes"] == sum(on_disk.values()) <= budget, bank
+    return rows
+
+
+def test_the_bank_never_exceeds_its_budget_and_evicts_the_least_recently_used_conversation(
+    tmp_path: Path, model_store: Path
+) -> None:
+    models = link_models(tmp_path / "models", model_store / "tiny2.gguf")
+    write_tiny_gguf(models / "wide.gguf", WIDE)
+    home = tmp_path / "home"
+    home.mkdir()
+    settings = {"max_loaded_lanes": 1, "parallel": 2, "session_bank_budget_mib": BUDGET_MIB}
+    (home / "settings.json").write_text(json.dumps(settings))
+    server = _start(home, models)
+    try:
+        client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+
+        def turn(convo: list[dict[str, Any]]) -> Any:
+            """One turn of `convo` on the wide model, then a swap to tiny2 (its own slot not banked), so
+            the wide model's engine stops and saves what its slots hold."""
+            answer = _ask(client, "wide", convo)
+            assert answer.choices[0].message.content == "the answer is 42"
+            _ask(client, "tiny2", [{"role": "user", "content": "Hi."}], cache_prompt=False)
+            convo += [
+                {"role": "assistant", "content": "the answer is 42"},
+                {"role": "user", "content": "More."},
+            ]
+            return answer
+
+        def opening(topic: str) -> list[dict[str, Any]]:
+            """A conversation sharing no message with the others (a shared system prompt alone would
+            restore another's checkpoint for its prefix)."""
+            return [
+                {"role": "system", "content": f"You keep long notes on {topic}. " * 12},
+                {"role": "user", "content": f"Tell me about {topic}. " * 12},
+            ]
+
+        a, b, c = opening("rivers"), opening("mountains"), opening("lakes")
+        a_first = turn(a)
+        (a_id,) = _held(server, home)
+        turn(b)
+        held = _held(server, home)
+        (b_id,) = set(held) - {a_id}
+        size = max(cp["bytes"] for cp in held.values())
+        # the story needs two conversations (grown a turn or two) to fit, and no three
+        assert 3 * min(cp["bytes"] for cp in held.values()) > BUDGET_MIB * MIB >= 2 * size + size // 2, held
+
+        # A comes back (restored from the bank, then saved again grown: its old checkpoint superseded)
+        a_again = turn(a)
+        assert _cached(a_again) >= a_first.usage.prompt_tokens - 1, a_again.usage
+        held = _held(server, home)
+        (a2_id,) = set(held) - {b_id}
+        assert held[a2_id]["messages"] == 4 and held[b_id]["last_used"] < held[a2_id]["last_used"]
+
+        # a third conversation does not fit beside them: B, the least recently used, goes
+        turn(c)
+        held = _held(server, home)
+        assert len(held) == 2 and b_id not in held and a2_id in held, held
+        (c_id,) = set(held) - {a2_id}
+        assert not (bank_dir(home) / "slots" / f"{b_id}.bin").exists()
+        assert f"dropped checkpoint {b_id} (over the session bank's budget)" in server.stderr_text()
+
+        # B's next turn finds nothing in the bank; A's is still restored
+        before = _bank(server)["counters"]
+        b_again = _ask(client, "wide", b)
+        assert b_again.choices[0].message.content == "the answer is 42"
+        assert _cached(b_again) == 0, b_again.usage
+        counters = _bank(server)["counters"]
+        assert counters["restores"] == before["restores"] and counters["misses"] == before["misses"] + 1
+        a_third = _ask(client, "wide", a)
+        assert _cached(a_third) >= a_again.usage.prompt_tokens - 1, a_third.usage
+        counters = _bank(server)["counters"]
+        assert counters["restores"] == counters["hits"] == before["restores"] + 1, counters
+        assert counters["misses"] == before["misses"] + 1
+        held = _held(server, home)
+        assert held[c_id]["last_used"] < held[a2_id]["last_used"]  # the restore counts as a use
+    finally:
+        _stop(server)  # shutdown saves B's and A's grown conversations: C, used least recently, goes
+
+    store = BankStore(home, budget_bytes=BUDGET_MIB * MIB)
+    rows = store.checkpoints()
+    on_disk = {p.name: p.stat().st_size for p in store.slots.iterdir()}
+    assert on_disk == {cp.filename: cp.size for cp in rows}
+    assert store.total_bytes() == sum(on_disk.values()) <= BUDGET_MIB * MIB
+    assert sorted(len(cp.fingerprints) for cp in rows) == [4, 6] and all(cp.tokens for cp in rows), rows
+    assert c_id not in {cp.id for cp in rows}
 
 
 def _cli(home: Path, *args: str) -> str:

@@ -301,8 +301,13 @@ def bank_text(c: BankCounters) -> str:
     for name, help_, value in (
         ("saves", "Slots saved into the session bank.", c.saves),
         ("restores", "Checkpoints restored from the session bank into a slot.", c.restores),
-        ("hits", "Requests whose messages extended a banked conversation.", c.hits),
-        ("misses", "Returning conversations the bank had no usable checkpoint for.", c.misses),
+        ("hits", "Requests served by a checkpoint restored from the bank.", c.hits),
+        (
+            "misses",
+            "Chat requests of two or more messages that no slot held a prefix of and the bank did not "
+            "restore (a new conversation's first turn included).",
+            c.misses,
+        ),
         ("dropped", "Checkpoints dropped (superseded, over the budget).", c.dropped),
         ("saved_bytes", "Bytes of slot files saved.", c.saved_bytes),
         ("restored_bytes", "Bytes of slot files restored.", c.restored_bytes),
