@@ -97,11 +97,10 @@ class Desktop:
         await self._release_qt()
 
     async def _release_qt(self) -> None:
-        """Before Quit returns: every Python callback disconnected (the bridge's handlers, the tray's
-        signal, the single-instance socket's, the tray menu's actions) and the window handed to the
+        """Before Quit returns: every Python callback disconnected from Qt's side (the bridge's signal,
+        the tray's, the single-instance socket's, the tray menu's actions) and the window handed to the
         event loop for deletion. The tray and its emptied menu go with the app (`app.ui.main.finish_qapp`)."""
-        self.bridge.received.clear()
-        for signal in (self.tray.activated, self.instance.server.newConnection):
+        for signal in (self.bridge.received, self.tray.activated, self.instance.server.newConnection):
             with contextlib.suppress(RuntimeError, TypeError):
                 signal.disconnect()
         self.tray.menu.clear()  # its actions hold lambdas over this Desktop
