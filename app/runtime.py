@@ -41,6 +41,7 @@ from app.lanes.engine_store import EngineStore
 from app.lanes.lane import Lane, LaneState
 from app.lanes.remote_store import RemoteStore
 from app.lanes.remotes import RemoteRegistry
+from app.lanes.smoke import SmokeTests
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
 from app.library.footprints import LibraryFootprints
@@ -76,6 +77,7 @@ class Runtime:
     footprints: LibraryFootprints = field(init=False)
     speeds: SpeedRecorder = field(init=False)  # measured tokens/s per model (the gateway feeds it)
     supervisor: Supervisor = field(init=False)
+    smoke: SmokeTests = field(init=False)  # a model's first ready lane on its files: one short request
     downloads: DownloadManager = field(init=False)
     _stack: contextlib.AsyncExitStack | None = field(init=False, default=None)
     _applying: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
@@ -102,6 +104,7 @@ class Runtime:
     def _lane_ready(self, lane: Lane) -> None:
         self.footprints.record(lane)
         self.library.touch(lane.model_id)  # last_used_at: when a lane was last started for the model
+        self.smoke.after_ready(lane)  # in the background, once per model files (app/lanes/smoke.py)
 
     async def __aenter__(self) -> Runtime:
         async with contextlib.AsyncExitStack() as stack:
@@ -125,7 +128,11 @@ class Runtime:
             on_ready=self._lane_ready,
             pins=self.pins,
         )
+        self.smoke = SmokeTests(
+            library=self.library, catalog=self.catalog, supervisor=self.supervisor, bus=self.bus
+        )
         await _enter(stack, self.supervisor)
+        await _enter(stack, self.smoke)  # left first: its requests end before the lanes close
         # downloads (app/hub/download.py): jobs persist in SWITCHYARD_HOME/downloads and resume on start
         self.downloads = DownloadManager(
             settings=self.settings,

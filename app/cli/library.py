@@ -74,14 +74,18 @@ def cmd_ls(args: argparse.Namespace, ctx: CliContext) -> int:
             "there, `switchyard import PATH`, or `switchyard pull REPO`"
         )
     else:
-        rows = [("ID", "FORMAT", "KIND", "SIZE", "SOURCE", "ORIGIN", "STATUS")]
+        rows = [("ID", "FORMAT", "KIND", "SIZE", "SOURCE", "ORIGIN", "SMOKE", "STATUS")]
         for m in models:
             o = m["origin"]
             origin = (f"{o['repo']}@{o['commit'][:7]}" if o["commit"] else o["repo"]) if o else "-"
             status = m["status"] if m["status"] == "ok" else f"{m['status']}: {m['problem']}"
             kind = f"{m['kind']}+vision" if m.get("vision") else m["kind"]  # a projector loads with it
-            rows.append((m["id"], m["format"], kind, _size(m["size"]), m["source"], origin, status))
+            smoke = "-" if not m["smoke"] else ("passed" if m["smoke"]["ok"] else "FAILED")
+            rows.append((m["id"], m["format"], kind, _size(m["size"]), m["source"], origin, smoke, status))
         table(rows)
+        for m in models:  # why, for each model whose smoke test failed (docs/library.md#smoke-tests)
+            if m["smoke"] and not m["smoke"]["ok"]:
+                print(f"{m['id']}: smoke test failed: {m['smoke']['detail']}")
     if remote_models:
         print()
         table(

@@ -115,8 +115,27 @@ def _v3(db: sqlite3.Connection) -> None:
     )
 
 
+def _v4(db: sqlite3.Connection) -> None:
+    # smoke tests (app/lanes/smoke.py): one per model, tied to the identity of the files it ran on
+    _run(
+        db,
+        """
+        CREATE TABLE smoke (
+            model_id TEXT PRIMARY KEY REFERENCES models(id) ON DELETE CASCADE,
+            identity TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            at REAL NOT NULL,
+            seconds REAL NOT NULL,
+            lane TEXT NOT NULL,
+            request TEXT NOT NULL,
+            detail TEXT NOT NULL
+        );
+        """,
+    )
+
+
 # index i holds the step from version i to i + 1; append only, never edit a released step
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

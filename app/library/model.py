@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,16 @@ class ModelEntry:
     @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
+
+    def identity(self) -> str:
+        """The model's files as they are now (each one's path, size and mtime), hashed: a result tied to it
+        (a smoke test) belongs to these files; a replaced or re-downloaded file has another identity."""
+        files = sorted((f.rel, f.size, f.mtime_ns) for f in self.files)
+        if not files:  # an entry made without its file list: the main file alone
+            with contextlib.suppress(OSError):
+                st = self.path.stat()
+                files = [(self.path.name, st.st_size, st.st_mtime_ns)]
+        return hashlib.sha1(repr((str(self.path), files)).encode()).hexdigest()
 
     def projector(self, settings: Settings | None = None) -> Path | None:
         """The one answer to "which vision projector loads with this model", which the lane start, the

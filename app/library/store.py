@@ -1,4 +1,5 @@
-"""Library: the catalog's rows in library.db — models, files, origin, pins, footprints, cached headers.
+"""Library: the catalog's rows in library.db — models, files, origin, pins, footprints, smoke tests, cached
+headers.
 
 `sync()` writes a whole scan in one transaction and only the rows that changed (each model row carries a
 digest of what was found), so a scan that finds nothing new writes nothing.
@@ -10,8 +11,10 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import sqlite3
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,29 @@ def _digest(e: ModelEntry) -> str:
         "facts": dataclasses.asdict(e.facts) if e.facts else None,
     }
     return hashlib.sha1(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """One smoke test: a short chat answer or one embedding through a freshly ready lane."""
+
+    identity: str  # ModelEntry.identity() of the files it ran on
+    ok: bool
+    at: float  # when it ran (Unix seconds)
+    seconds: float  # how long the request took
+    lane: str  # the engine that answered (llama.cpp, mlx...)
+    request: str  # "chat" or "embedding"
+    detail: str  # what came back, or why it failed
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "at": self.at,
+            "seconds": round(self.seconds, 3),
+            "lane": self.lane,
+            "request": self.request,
+            "detail": self.detail,
+        }
 
 
 class Library:
@@ -280,6 +306,35 @@ class Library:
 
     def pins(self) -> dict[str, str]:
         return {r["model_id"]: r["lane"] for r in self.db.query("SELECT model_id, lane FROM pins")}
+
+    # ---- smoke tests (app/lanes/smoke.py): one result per model, for the files it ran on ------------
+    def put_smoke(self, model_id: str, result: SmokeResult) -> bool:
+        """Keep `result` as the model's smoke test (replacing an older one); False when the model has no
+        row (removed meanwhile): nothing is kept for a model the library no longer lists."""
+        try:
+            with self.db.transaction() as tx:
+                tx.execute(
+                    "INSERT OR REPLACE INTO smoke(model_id, identity, ok, at, seconds, lane, request, "
+                    "detail) VALUES (?,?,?,?,?,?,?,?)",
+                    (model_id, *dataclasses.astuple(result)),
+                )
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def smoke(self, model_id: str | None = None) -> dict[str, SmokeResult]:
+        """The kept smoke tests by model id (one model's with `model_id`), whatever files they ran on:
+        compare `identity` with ModelEntry.identity() to know whether one still speaks for the model."""
+        where, args = ("WHERE model_id = ?", (model_id,)) if model_id is not None else ("", ())
+        rows = self.db.query(
+            f"SELECT model_id, identity, ok, at, seconds, lane, request, detail FROM smoke {where}", args
+        )
+        return {r[0]: SmokeResult(r[1], bool(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows}
+
+    def forget_smoke(self, model_id: str) -> None:
+        """Drop the model's smoke test, so its next load runs one again."""
+        with self.db.transaction() as tx:
+            tx.execute("DELETE FROM smoke WHERE model_id = ?", (model_id,))
 
     # ---- footprints --------------------------------------------------------------------------------
     def put_footprint(self, model_id: str, entry: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Library: the local models with format (and vision), quant, size (the vision projector included), fit,
-last eval score, loaded state, last use and origin; a detail line for the selected model (its files, the
-projector it loads with, the context per request, its last eval); Load/Unload, Chat, Explain, Delete
-(confirmed; refused while loaded) and Import (button or drag and drop)."""
+last eval score, smoke test, loaded state, last use and origin; a detail line for the selected model (its
+files, the projector it loads with, the context per request, its last eval); Load/Unload, Chat, Explain,
+Delete (confirmed; refused while loaded) and Import (button or drag and drop)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from PySide6.QtGui import QDesktopServices, QDragEnterEvent, QDropEvent, QGuiApp
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QMessageBox,
@@ -37,8 +38,9 @@ from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.pages.tune import TunePanel
 
-COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Eval", "Loaded", "Last used", "Origin"]
+COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Eval", "Smoke", "Loaded", "Last used", "Origin"]
 LOADED = ("ready", "starting")
+NAME_WIDTH = 220  # px: about 30 characters a line; longer names wrap
 
 
 class LibraryPage(Page):
@@ -73,6 +75,12 @@ class LibraryPage(Page):
         # long names wrap onto a second line instead of being cut ("…-70B-…" and "…-8B-…" stay apart at
         # 1024 px); the whole name is also in each row's tooltip
         self.table = table(COLUMNS, wrap=True)
+        # the name keeps a set width and wraps, so Fit and the columns after it stay in view at 1024 px;
+        # the last column takes what room is left on a wider window
+        head = self.table.horizontalHeader()
+        head.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        self.table.setColumnWidth(0, NAME_WIDTH)
+        head.setStretchLastSection(True)
         self.table.setSortingEnabled(True)
         self.table.doubleClicked.connect(lambda _: self.chat())
         self.root.addWidget(self.table, 1)
@@ -165,6 +173,7 @@ class LibraryPage(Page):
                 title(lane.plan.engine) if lane and lane.plan else d["lane_text"],  # running: where it runs
                 d["fit_text"],
                 _eval_text(d.get("eval")),
+                _smoke_text(d.get("smoke")),
                 str(lane.state) if lane and str(lane.state) != "stopped" else "no",
                 fmt.ago(d.get("last_used_at")),
                 (origin.get("repo") or d.get("source") or "-")
@@ -177,6 +186,7 @@ class LibraryPage(Page):
                 if d.get("projector_size")
                 else "",
                 "Eval": _eval_tip(d.get("eval")),
+                "Smoke": _smoke_tip(d.get("smoke")),
             }
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
@@ -436,3 +446,17 @@ def _sideways(panel: QWidget) -> QScrollArea:
     area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setMinimumHeight(panel.sizeHint().height() + area.horizontalScrollBar().sizeHint().height())
     return area
+
+
+def _smoke_text(smoke: dict[str, Any] | None) -> str:
+    """The smoke test's mark (app/lanes/smoke.py): passed, failed, or none yet on these files."""
+    return "-" if not smoke else ("passed" if smoke.get("ok") else "failed")
+
+
+def _smoke_tip(smoke: dict[str, Any] | None) -> str:
+    if not smoke:
+        return "No smoke test yet: one short request runs when the model is first loaded"
+    if not smoke.get("ok"):
+        return f"Smoke test failed: {smoke.get('detail')}"
+    took = f"{float(smoke.get('seconds') or 0):.2f} s"
+    return f"Smoke test passed in {took} on {smoke.get('lane')}: {smoke.get('detail')}"
