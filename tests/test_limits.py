@@ -91,7 +91,7 @@ def test_body_over_the_limit_is_413_in_the_surfaces_shape(
         assert err["error"]["code"] == "too_large" and err["error"]["type"] == "invalid_request_error"
         message = err["error"]["message"]
     elif shape == "anthropic":
-        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+        assert err["type"] == "error" and err["error"]["type"] == "request_too_large"  # as Anthropic says it
         message = err["error"]["message"]
     else:
         message = err["error"]

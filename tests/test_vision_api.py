@@ -5,10 +5,12 @@ and every bad image refused with its 400/413 in each surface's own error shape."
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,7 +106,10 @@ def test_openai_image_tokens_in_usage(oai: openai.OpenAI) -> None:
 
 def test_anthropic_image_block(server: ServerProcess) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_URL[22:]}}
+    block: Any = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": PNG_URL[22:]},
+    }
     msg = client.messages.create(
         model=VL,
         max_tokens=1,
@@ -130,8 +135,8 @@ def test_ollama_images_field(server: ServerProcess) -> None:
 
 
 def test_responses_input_image(oai: openai.OpenAI) -> None:
-    content = [{"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": PNG_URL}]
-    r = oai.responses.create(model=VL, input=[{"role": "user", "content": content}], max_output_tokens=1)  # type: ignore[list-item]
+    content: Any = [{"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": PNG_URL}]
+    r = oai.responses.create(model=VL, input=[{"role": "user", "content": content}], max_output_tokens=1)
     assert r.usage is not None and r.usage.input_tokens > IMAGE_TOKENS
 
 
@@ -183,6 +188,15 @@ def test_wrong_projector_fails_in_words(server: ServerProcess, model: str, statu
     assert r.status_code == status, r.text
     message = r.json()["error"]["message"]
     assert "vision projector" in message and words in message
+    # the lane keeps the same words as its error, where the window and /api/lanes show them
+    lanes = {lane["id"]: lane for lane in httpx.get(server.url + "/api/lanes", timeout=30).json()["lanes"]}
+    assert lanes[model]["state"] == "failed" and words in lanes[model]["error"]
+    # and another surface's official client gets them too, in its own shape
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=server.url, timeout=120).chat(
+            model=model, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert e.value.status_code == status and words in e.value.error
 
 
 def test_ls_marks_the_paired_model(server: ServerProcess) -> None:
@@ -198,3 +212,147 @@ def test_ls_marks_the_paired_model(server: ServerProcess) -> None:
     rows = {line.split()[0]: line.split()[2] for line in r.stdout.splitlines()[1:] if line.strip()}
     assert rows[VL] == "chat+vision" and rows["tiny"] == "chat"
     assert not any("mmproj" in model for model in rows)
+
+
+# ---- bad input on the other surfaces: each in its own error shape --------------------------------------
+TOO_LARGE = b"\0" * (1 << 20) + PNG
+SURFACE_BAD = [
+    # (name, image bytes, how many, status, code, words the message must hold)
+    ("unsupported_image_type", base64.b64decode(BMP_B64), 1, 400, "convert it to png or jpeg"),
+    ("image_too_large", TOO_LARGE, 1, 413, "over the 1 MiB image cap (max_image_mib); send a smaller image"),
+    ("too_many_images", PNG, 16, 400, "16 image(s) take 256 tokens (16 each)"),
+]
+SURFACE_IDS = [b[0] for b in SURFACE_BAD]
+MEDIA = {"unsupported_image_type": "image/bmp"}
+FIX = {  # what the message tells the client to do, beyond the numbers
+    "unsupported_image_type": "convert it to png or jpeg",
+    "image_too_large": "send a smaller image",
+    "too_many_images": "send at most 15 image(s)",
+}
+
+
+@pytest.fixture(scope="module")
+def claude(server: ServerProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _anthropic_block(data: bytes, media: str = "image/png") -> dict[str, Any]:
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": media, "data": base64.b64encode(data).decode()},
+    }
+
+
+@pytest.mark.parametrize(("code", "data", "count", "status", "words"), SURFACE_BAD, ids=SURFACE_IDS)
+def test_anthropic_refusals(
+    claude: anthropic.Anthropic, code: str, data: bytes, count: int, status: int, words: str
+) -> None:
+    blocks: list[Any] = [_anthropic_block(data, MEDIA.get(code, "image/png"))] * count
+    with pytest.raises(anthropic.APIStatusError) as e:
+        claude.messages.create(
+            model=VL,
+            max_tokens=1,
+            messages=[{"role": "user", "content": [*blocks, {"type": "text", "text": "hi"}]}],
+        )
+    assert e.value.status_code == status
+    doc = e.value.response.json()
+    assert doc["type"] == "error" and set(doc["error"]) >= {"type", "message"}
+    # Anthropic's own labels: request_too_large for a 413 (as test_limits has it for a body)
+    assert doc["error"]["type"] == ("request_too_large" if status == 413 else "invalid_request_error")
+    assert words in doc["error"]["message"] and FIX[code] in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ["chat", "generate"])
+@pytest.mark.parametrize(("code", "data", "count", "status", "words"), SURFACE_BAD, ids=SURFACE_IDS)
+def test_ollama_refusals(
+    server: ServerProcess, route: str, code: str, data: bytes, count: int, status: int, words: str
+) -> None:
+    client = ollama.Client(host=server.url, timeout=120)
+    with pytest.raises(ollama.ResponseError) as e:
+        if route == "chat":
+            client.chat(model=VL, messages=[{"role": "user", "content": "hi", "images": [data] * count}])
+        else:
+            client.generate(model=VL, prompt="hi", images=[data] * count)
+    assert e.value.status_code == status
+    assert words in e.value.error and FIX[code] in e.value.error
+    if code != "too_many_images":  # one image's fault: named by Ollama's own field, not the part it became
+        assert "images" in e.value.error and "content[" not in e.value.error, e.value.error
+    # the raw answer is Ollama's shape: one "error" string
+    body = {"model": VL, "stream": False, "images": [base64.b64encode(data).decode()] * count}
+    body |= (
+        {"messages": [{"role": "user", "content": "hi", "images": body.pop("images")}]}
+        if route == "chat"
+        else {"prompt": "hi"}
+    )
+    r = httpx.post(f"{server.url}/api/{route}", json=body, timeout=60)
+    assert r.status_code == status and list(r.json()) == ["error"] and words in r.json()["error"]
+
+
+@pytest.mark.parametrize(("code", "data", "count", "status", "words"), SURFACE_BAD, ids=SURFACE_IDS)
+def test_responses_refusals(
+    oai: openai.OpenAI, code: str, data: bytes, count: int, status: int, words: str
+) -> None:
+    url = f"data:{MEDIA.get(code, 'image/png')};base64," + base64.b64encode(data).decode()
+    content: Any = [
+        {"type": "input_text", "text": "hi"},
+        *[{"type": "input_image", "image_url": url}] * count,
+    ]
+    with pytest.raises(openai.APIStatusError) as e:
+        oai.responses.create(model=VL, input=[{"role": "user", "content": content}], max_output_tokens=1)
+    assert e.value.status_code == status
+    err = e.value.response.json()["error"]
+    assert err["code"] == code and err["type"] == "invalid_request_error"
+    assert words in err["message"] and FIX[code] in err["message"]
+
+
+# ---- Anthropic's url image source ------------------------------------------------------------------
+class _PngHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(PNG)))
+        self.end_headers()
+        self.wfile.write(PNG)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def image_url_server() -> Iterator[str]:
+    """A real local HTTP server with one PNG (a loopback address: fetching it needs fetch_image_private)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PngHandler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/cat.png"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _settings(server: ServerProcess, **values: Any) -> None:
+    r = httpx.put(server.url + "/api/settings", json=values, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_anthropic_url_source(
+    server: ServerProcess, claude: anthropic.Anthropic, image_url_server: str
+) -> None:
+    block = {"type": "image", "source": {"type": "url", "url": image_url_server}}
+    messages: Any = [{"role": "user", "content": [block, {"type": "text", "text": "hi"}]}]
+    with pytest.raises(anthropic.BadRequestError) as e:  # off by default: the server fetches nothing
+        claude.messages.create(model=VL, max_tokens=1, messages=messages)
+    err = e.value.response.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert "fetch_image_urls is off" in err["message"] and "data:image/" in err["message"]
+    try:
+        _settings(server, fetch_image_urls=True)
+        with pytest.raises(anthropic.BadRequestError) as e:  # on, but a loopback address is refused
+            claude.messages.create(model=VL, max_tokens=1, messages=messages)
+        assert "fetch_image_private" in e.value.response.json()["error"]["message"]
+        _settings(server, fetch_image_private=True)
+        msg = claude.messages.create(model=VL, max_tokens=1, messages=messages)
+        assert msg.type == "message" and msg.usage.input_tokens > IMAGE_TOKENS  # the fetched image was read
+    finally:
+        _settings(server, fetch_image_urls=False, fetch_image_private=False)

@@ -622,6 +622,8 @@ def error_type(exc: SwitchyardError) -> str:
         return "permission_error"
     if exc.status == 429:
         return "rate_limit_error"
+    if exc.status == 413:
+        return "request_too_large"  # Anthropic's own label for a body over its limit
     if 400 <= exc.status < 500:
         return "invalid_request_error"
     return "api_error"

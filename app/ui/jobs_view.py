@@ -137,6 +137,7 @@ class JobsPanel(QWidget):
 
     def _empty(self) -> None:
         self.empty.setVisible(not self.rows)
+        self.table.setVisible(bool(self.rows))  # an empty table would take the model page's room
         self.title.setText(f"<b>Jobs</b> ({len(self.rows)} running)" if self.rows else "<b>Jobs</b>")
 
     # ---- actions ----------------------------------------------------------------------------------
