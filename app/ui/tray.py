@@ -20,6 +20,9 @@ class Tray(QSystemTrayIcon):
         super().__init__(app_icon(running=False))
         self.desk = desk
         self.menu = QMenu()
+        # each loaded model's submenu, held here: some PySide6 releases let Python own a submenu made
+        # by addMenu(title), so it vanished when rebuild() returned; the old ones go at each rebuild
+        self.submenus: list[QMenu] = []
         self.setContextMenu(self.menu)
         self.activated.connect(self._activated)
         desk.bridge.received.connect(self._on_event)
@@ -43,6 +46,9 @@ class Tray(QSystemTrayIcon):
         self.setToolTip(f"Switchyard: {'serving at ' + str(srv.url) if srv.running else 'server stopped'}")
         m = self.menu
         m.clear()
+        for old in self.submenus:
+            old.deleteLater()
+        self.submenus = []
         state = m.addAction(f"Server running at {srv.url}" if srv.running else "Server stopped")
         state.setEnabled(False)
         if srv.running:
@@ -56,8 +62,10 @@ class Tray(QSystemTrayIcon):
         ]
         if loaded:
             for lane in loaded:
-                sub = m.addMenu(f"{lane.model_id} ({lane.state})")
+                sub = QMenu(f"{lane.model_id} ({lane.state})", m)
                 sub.addAction("Unload", functools.partial(self.unload, lane.model_id))
+                m.addMenu(sub)
+                self.submenus.append(sub)
         else:
             m.addAction("No model loaded").setEnabled(False)
         m.addSeparator()
