@@ -20,7 +20,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
@@ -48,7 +48,7 @@ from app.lanes.lane_machine import (
 )
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
-from app.lanes.target import Progress, refusal_error
+from app.lanes.target import Progress, Requests, refusal_error
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
@@ -92,10 +92,7 @@ class Lane:
         self.plan: LaunchPlan | None = None
         self.port: int | None = None
         self.started_at: float | None = None
-        self._last_used: float | None = None
-        self._in_flight = 0
-        self._idle = asyncio.Event()  # set while no request is in flight; a drain awaits it
-        self._idle.set()
+        self._requests = Requests()  # in flight, last used, idle (a drain awaits it)
         self.restarts = 0
         self._draining = False
         self.measured: Footprint | None = None
@@ -129,12 +126,12 @@ class Lane:
     @property
     def in_flight(self) -> int:
         """Requests holding the lane now (counted by `request()`)."""
-        return self._in_flight
+        return self._requests.in_flight
 
     @property
     def last_used(self) -> float | None:
         """When (time.time()) a request last began or ended here, or the engine last became ready."""
-        return self._last_used
+        return self._requests.last_used
 
     @property
     def draining(self) -> bool:
@@ -142,19 +139,9 @@ class Lane:
         return self._draining
 
     # ---- requests and drains -------------------------------------------------------------------
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self) -> contextlib.AbstractContextManager[None]:
         """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
-        self._in_flight += 1
-        self._idle.clear()
-        self._last_used = time.time()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self._last_used = time.time()
-            if self._in_flight == 0:
-                self._idle.set()
+        return self._requests.hold()
 
     @contextlib.asynccontextmanager
     async def drained(self, *, wait_s: float) -> AsyncIterator[bool]:
@@ -163,8 +150,8 @@ class Lane:
         self._draining = True
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), max(0.0, wait_s))
-            yield self._in_flight == 0
+                await asyncio.wait_for(self._requests.idle.wait(), max(0.0, wait_s))
+            yield self._requests.in_flight == 0
         finally:
             self._draining = False
 
@@ -443,7 +430,7 @@ class Lane:
         self.measured = parse_footprint(self.ring.since(self._log_mark))
         self.proc.batch_output = True
         self.started_at = time.time()
-        self._last_used = time.time()
+        self._requests.last_used = time.time()
         proc = self.proc
         self._watcher = asyncio.create_task(self._watch_exit(proc))
         self.progress.at = time.monotonic()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from app.core.secrets import Secret
 from app.hub.safe_names import control_problem
 from app.lanes.lane import Lane
 from app.lanes.remote_store import RemoteSpec, SeenModel, key_env_name
-from app.lanes.target import refusal_error
+from app.lanes.target import Requests, refusal_error
 
 T = TypeVar("T")
 
@@ -248,28 +248,20 @@ class RemoteLane:
         self.remote = remote
         self.served_name = upstream  # the name the remote knows it by
         self.id = self.model_id = f"{remote.name}/{upstream}"
-        self._in_flight = 0
-        self._last_used: float | None = None
+        self._requests = Requests()
 
     @property
     def in_flight(self) -> int:
         """Requests holding this remote model now (counted by `request()` only)."""
-        return self._in_flight
+        return self._requests.in_flight
 
     @property
     def last_used(self) -> float | None:
-        return self._last_used
+        return self._requests.last_used
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self) -> contextlib.AbstractContextManager[None]:
         """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
-        self._in_flight += 1
-        self._last_used = time.time()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            self._last_used = time.time()
+        return self._requests.hold()
 
     @property
     def available(self) -> bool:

@@ -9,9 +9,11 @@ remote checks for itself).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Protocol, TypeVar, runtime_checkable
 
 import aiohttp
@@ -19,6 +21,31 @@ import aiohttp
 from app.core.errors import SwitchyardError, UpstreamRefusedError
 
 T = TypeVar("T")
+
+
+class Requests:
+    """One target's requests: how many are in flight, when one last began or ended (time.time()), and
+    `idle`, set while none runs (a drain awaits it). Lanes and remote lanes both count through it."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.last_used: float | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
+        self.in_flight += 1
+        self.idle.clear()
+        self.last_used = time.time()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.last_used = time.time()
+            if self.in_flight == 0:
+                self.idle.set()
 
 
 class Progress:
