@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
-from app.advice.explain import Explanation, explain, pin_refusal
+from app.advice.explain import Explanation, explain, pin_refusal, speed_device
 from app.advice.hub_fit import fit_detail
 from app.advice.inputs import AdviceInputs, with_overrides
 from app.core.errors import BadRequestError, SettingsError, SwitchyardError
@@ -26,6 +26,7 @@ from app.core.paths import Paths
 from app.core.pins import PinStore
 from app.core.settings import LOAD_KEYS, Settings, check_overrides, settings_from_mapping
 from app.core.settings_live import SERVER_KEYS, SettingsChange, changed_keys, lane_inputs, not_wired
+from app.fit.plan import device_bandwidths
 from app.hardware.bandwidth import load_or_measure
 from app.hardware.model import Hardware
 from app.hardware.monitor import Monitor
@@ -93,12 +94,13 @@ class Runtime:
         self.hub = Hub(self.paths, self.settings, tokens=self.tokens)
 
     def _load_key(self, model_id: str) -> LoadKey | None:
-        """Where `model_id` runs now, for its measured speed (None: no planned local lane)."""
+        """Where `model_id` runs now, for its measured speed (None: no planned local lane): "CPU", "GPU"
+        (fully offloaded) or "GPU+CPU" (split), so a split load's answers teach neither device's factor."""
         lane = self.supervisor.lanes.get(model_id)
         if lane is None or lane.plan is None:
             return None
         chosen = lane.plan.fit.chosen if lane.plan.fit is not None else None
-        device = "CPU" if chosen is None or chosen.gpu_layers == 0 else "GPU"
+        device = "CPU" if chosen is None else speed_device(chosen)
         return LoadKey(lane.plan.engine, device, chosen.bytes_per_token if chosen else None, lane.plan)
 
     def _lane_ready(self, lane: Lane) -> None:
@@ -191,9 +193,7 @@ class Runtime:
             hardware=hardware,
             pins=self.pins.all(),
             used=self.supervisor.gpu_used(exclude=exclude),
-            speed=self.speeds.store.calibration(
-                bandwidth=hardware.bandwidth.all_cores if hardware.bandwidth else None
-            ),
+            speed=self.speeds.store.calibration(bandwidth=device_bandwidths(hardware)),
         )
 
     async def explain(self, model_id: str, overrides: Mapping[str, Any] | None = None) -> Explanation:

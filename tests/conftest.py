@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,7 @@ def running_server(home: Path, models_dir: Path, *extra: str) -> Iterator[Server
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
     def start(models_dir: Path, *extra: str, port: int = 0, wait: bool = True) -> ServerProcess:

@@ -4,6 +4,11 @@
 `browser_download_url` and `digest` ("sha256:..."), as GitHub does; the URLs point back here. An asset can
 be published with a digest that does not match its bytes (a tampered file), or with none. Runs in a thread,
 since the fetcher under test is synchronous.
+
+Assets: llama.cpp's (`zip_asset`, `tar_asset`: the stand-in llama-server in tests/standin_llama_server.py)
+and stable-diffusion.cpp's (`sd_zip_asset`: a stand-in sd-server, SD_STANDIN below, that answers what the
+sd.cpp lane and the images route need: `--version`, `GET /v1/models`, `POST /v1/images/generations` with
+real PNGs of the size asked for).
 """
 
 from __future__ import annotations
@@ -38,6 +43,87 @@ def zip_asset(
         info.external_attr = 0o100755 << 16
         zf.writestr(info, script if script is not None else standin_script())
         zf.writestr(f"{inner}/libggml-base.so", b"\x7fELF not really")
+    return buf.getvalue()
+
+
+# The stand-in sd-server: sd-server's flags (--listen-ip, --listen-port), its version line, its readiness
+# route and its images route in OpenAI's shape, one solid-colour PNG per image (colour from the prompt).
+SD_STANDIN = """
+import base64, hashlib, json, struct, sys, time, zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SD_VERSION = "stable-diffusion.cpp version standin-1, commit 0000000"
+
+
+def png(width, height, rgb):
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    row = b"\\x00" + bytes(rgb) * width
+    head = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = zlib.compress(row * height)
+    return b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", head) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, format, *args):
+        print("sd standin: " + format % args, file=sys.stderr, flush=True)
+
+    def answer(self, status, doc):
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self.answer(200, {"object": "list", "data": [{"id": "sd-cpp-local", "object": "model"}]})
+        else:
+            self.answer(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.path != "/v1/images/generations":
+            return self.answer(404, {"error": "not found"})
+        prompt = str(body.get("prompt") or "").split(" <sd_cpp_extra_args>")[0]
+        if not prompt:
+            return self.answer(400, {"error": "prompt is required"})
+        width, height = (int(x) for x in str(body.get("size") or "512x512").split("x"))
+        rgb = hashlib.sha256(prompt.encode()).digest()[:3]
+        images = [{"b64_json": base64.b64encode(png(width, height, rgb)).decode()}]
+        self.answer(200, {"created": int(time.time()), "data": images * int(body.get("n") or 1),
+                          "output_format": "png"})
+
+
+def main(argv):
+    if "--version" in argv:
+        print(SD_VERSION)
+        return 0
+    print("sd standin argv: " + json.dumps(argv), file=sys.stderr, flush=True)
+    host = argv[argv.index("--listen-ip") + 1]
+    port = int(argv[argv.index("--listen-port") + 1])
+    ThreadingHTTPServer((host, port), Handler).serve_forever()
+    return 0
+
+
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def sd_standin_script() -> bytes:
+    return f"#!{sys.executable}\n{SD_STANDIN}".encode()
+
+
+def sd_zip_asset(*, script: bytes | None = None) -> bytes:
+    """A stable-diffusion.cpp release zip as upstream packs it: the programs at the top, a library beside."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in ("sd-server", "sd-cli"):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o100755 << 16
+            zf.writestr(info, script if script is not None else sd_standin_script())
+        zf.writestr("libstable-diffusion.so", b"\x7fELF not really")
     return buf.getvalue()
 
 

@@ -165,6 +165,7 @@ def test_kinds_for_each_format() -> None:
     kinds = engine_kinds()
     assert list(kinds) == [
         "llama.cpp",
+        "llama.cpp-compat",  # a second llama.cpp build; starts only once registered (app/lanes/compat.py)
         "mistral.rs",
         "mlx",
         "vllm",
@@ -277,6 +278,7 @@ def test_doctor_command_reports_every_lane(tmp_path: Path) -> None:
     lanes = {ln["lane"]: ln for ln in json.loads(out.stdout)["lanes"]}
     assert set(lanes) == {
         "llama.cpp",
+        "llama.cpp-compat",
         "mistral.rs",
         "mlx",
         "vllm",
@@ -287,6 +289,8 @@ def test_doctor_command_reports_every_lane(tmp_path: Path) -> None:
     }
     assert lanes["piper"]["can_start"] and lanes["whisper.cpp"]["can_start"]
     assert lanes["vllm"]["can_start"] is False and lanes["vllm"]["why_not"]
+    compat = lanes["llama.cpp-compat"]  # nothing registered: says how
+    assert compat["can_start"] is False and "engine register llama.cpp-compat" in compat["why_not"]
     text = subprocess.run(run, capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout
     assert "piper        installed - piper-tts" in text and "; can start here" in text
     assert "sd.cpp       not available; cannot start here: no executable sd-server was found" in text

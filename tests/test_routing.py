@@ -4,7 +4,8 @@
 readers return for real files); a few tests at the end run real generated files through `detect_format`.
 
 Expected outcomes are written one character per lane, in `LANES` order
-(llama.cpp, mistral.rs, mlx, vllm, sglang, sd.cpp, whisper.cpp, piper):
+(llama.cpp, mistral.rs, mlx, vllm, sglang, sd.cpp, whisper.cpp, piper; the capability lane llama.cpp-compat
+joins only when a second llama.cpp build is registered, and tests/test_compat_lane.py covers it):
 `*` chosen, and for the others the rejection kind: F format, H hardware, N not_installed, B broken_model,
 A architecture, D does_not_fit, P pinned_elsewhere, L lower_preference.
 """
@@ -328,12 +329,16 @@ MODELS = {
 # --------------------------------------------------------------------------------------------- engines
 
 
+# the lanes every decision weighs when no second llama.cpp build is registered (as in every case here)
+TABLE_LANES = tuple(lane for lane in LANES if lane != "llama.cpp-compat")
+
+
 def installs(*lanes: str, **kw: Any) -> dict[str, LaneInstall]:
     return {lane: LaneInstall(lane, True, kw.get("version", "1.0"), kw.get("archs")) for lane in lanes}
 
 
 INSTALLED = {
-    "all": installs(*LANES),
+    "all": installs(*TABLE_LANES),
     # mistral.rs was looked for and not found: the note rides along into the message
     "llama": {
         **installs("llama.cpp"),
@@ -383,13 +388,13 @@ def outcome(d: Decision) -> str:
     """The decision in the table's notation."""
     inv = {v: k for k, v in CODES.items()}
     kinds = {r.lane: inv[r.kind] for r in d.rejections}
-    return "".join("*" if lane == d.lane else kinds[lane] for lane in LANES)
+    return "".join("*" if lane == d.lane else kinds[lane] for lane in TABLE_LANES)
 
 
 def check_shape(d: Decision) -> None:
     """Every lane is either chosen or rejected exactly once, with something to say."""
     lanes = [r.lane for r in d.rejections] + ([d.lane] if d.lane else [])
-    assert sorted(lanes) == sorted(LANES)
+    assert sorted(lanes) == sorted(TABLE_LANES)
     assert all(r.message.strip() for r in d.rejections)
     assert d.reasons and all(r.strip() for r in d.reasons)
     assert json.loads(json.dumps(d.public())) == d.public()
@@ -407,7 +412,7 @@ def test_table_covers_every_format_and_machine() -> None:
 def test_routing_table(model: str, hw: str, inst: str, codes: str) -> None:
     d = decide(MODELS[model], hardware=HW[hw], installed=INSTALLED[inst], model_id="m")
     assert outcome(d) == codes
-    assert d.lane == (LANES[codes.index("*")] if "*" in codes else None)
+    assert d.lane == (TABLE_LANES[codes.index("*")] if "*" in codes else None)
     assert d.format_kind is MODELS[model].kind
     assert not d.pinned
     check_shape(d)
@@ -726,7 +731,7 @@ def test_public_is_json_with_every_rejection() -> None:
     pub = d.public()
     assert pub["model_id"] == "tiny-llama" and pub["format"] == "gguf" and pub["lane"] == "llama.cpp"
     assert pub["pinned"] is False
-    assert [r["lane"] for r in pub["rejections"]] == [lane for lane in LANES if lane != "llama.cpp"]
+    assert [r["lane"] for r in pub["rejections"]] == [lane for lane in TABLE_LANES if lane != "llama.cpp"]
     assert pub["rejections"][0]["kind"] == "not_installed"
 
 

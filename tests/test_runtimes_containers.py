@@ -4,6 +4,8 @@ a lane served through it end to end, the container removed at the lane's stop, a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -25,6 +27,8 @@ from app.lanes.containers import (
     run_argv,
 )
 from app.lanes.lane import LaneState
+from app.lanes.llamaserver import _in_container
+from app.lanes.worker_params import LlamaParams
 from app.runtime import Runtime
 from tests.conftest import link_models
 from tests.release_host import STANDIN
@@ -151,6 +155,73 @@ async def test_a_lane_runs_in_the_container_and_is_removed_at_stop(docker_rt: Ru
     assert ["rm", "--force", name] in [c["argv"] for c in _calls(shim)]
 
 
+def _hf_cached(hub: Path, repo: str, src: Path, rel: str) -> Path:
+    """`src` laid out as huggingface_hub caches it: the bytes in blobs/<sha256>, the snapshot's file a
+    relative link to that blob, refs/main naming the snapshot."""
+    data = src.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    folder = hub / f"models--{repo.replace('/', '--')}"
+    (folder / "blobs").mkdir(parents=True, exist_ok=True)
+    (folder / "blobs" / sha).write_bytes(data)
+    commit = "a" * 40
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    link = folder / "snapshots" / commit / rel
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(folder / "blobs" / sha, link.parent))
+    return link
+
+
+def _host_side(inside: str, mounts: list[tuple[str, str]]) -> Path:
+    """The host path a container path lands on through `mounts` (host, container)."""
+    host, at = next((h, c) for h, c in mounts if inside.startswith(c + "/"))
+    return Path(host, os.path.relpath(inside, at))
+
+
+async def test_a_gguf_in_the_hf_cache_is_mounted_with_its_blobs(
+    shim: Path, model_store: Path, tmp_path: Path
+) -> None:
+    # a snapshot's GGUF is a link into the repository's blobs/, here from a subfolder as split quants are
+    link = _hf_cached(tmp_path / "hf" / "hub", "org/tiny-GGUF", model_store / "tiny.gguf", "Q8_0/tiny.gguf")
+    rt = Runtime(
+        settings=Settings(runtime="docker", engine_env_pass=("SHIM_LOG", "SHIM_IMAGE")),
+        paths=Paths.from_env(),
+    )
+    async with rt:
+        assert rt.catalog.get("org/tiny-GGUF/tiny").path == link
+        lane = await rt.supervisor.ensure("org/tiny-GGUF/tiny")
+        assert lane.state is LaneState.READY
+        await rt.supervisor.unload("org/tiny-GGUF/tiny")
+    argv = next(c for c in _calls(shim) if c["argv"][:1] == ["run"])["argv"]
+    volumes = [argv[i + 1].removesuffix(":ro").split(":") for i, a in enumerate(argv) if a == "--volume"]
+    repo = link.parents[2].parent
+    assert volumes == [[str(repo.resolve()), "/models"]]
+    inside = argv[argv.index("--model") + 1]
+    assert inside == "/models/snapshots/" + "a" * 40 + "/Q8_0/tiny.gguf"
+    # the link, followed from where the mount puts it, stays inside the mount and reaches the blob
+    landed = _host_side(inside, [(v[0], v[1]) for v in volumes])
+    assert landed.is_symlink() and not os.path.isabs(os.readlink(landed))
+    assert landed.resolve().is_relative_to(repo.resolve() / "blobs")
+    assert landed.read_bytes() == (model_store / "tiny.gguf").read_bytes()
+
+
+def test_a_projector_shares_the_models_mount_or_gets_its_own(model_store: Path, tmp_path: Path) -> None:
+    hub = tmp_path / "hf" / "hub"
+    model = _hf_cached(hub, "org/v-GGUF", model_store / "tiny.gguf", "v.gguf")
+    proj = _hf_cached(hub, "org/v-GGUF", model_store / "tiny2.gguf", "mmproj-v.gguf")
+    params = LlamaParams(str(model), "v", 512, 1, 1, "f16", "auto", 0, False, None, mmproj_path=str(proj))
+    inside, mounts = _in_container(params)
+    assert [(m.container, m.read_only) for m in mounts] == [("/models", True)]
+    assert inside.mmproj_path == "/models/snapshots/" + "a" * 40 + "/mmproj-v.gguf"
+    landed = _host_side(inside.mmproj_path, [(m.host, m.container) for m in mounts])
+    assert landed.read_bytes() == (model_store / "tiny2.gguf").read_bytes()
+    # a plain projector in another folder: that folder alone, under /mmproj, never walked for links
+    plain = link_models(tmp_path / "elsewhere", model_store / "tiny2.gguf") / "tiny2.gguf"
+    inside, mounts = _in_container(dataclasses.replace(params, mmproj_path=str(plain)))
+    assert [(m.host, m.container) for m in mounts][1:] == [(str(plain.parent), "/mmproj")]
+    assert inside.mmproj_path == "/mmproj/tiny2.gguf"
+
+
 def test_leftovers_of_a_dead_server_are_reaped(
     shim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,3 +230,34 @@ def test_leftovers_of_a_dead_server_are_reaped(
     calls = [c["argv"] for c in _calls(shim)]
     assert calls[0][:4] == ["ps", "--all", "--filter", f"label=io.switchyard.home={home_label(tmp_path)}"]
     assert calls[-1] == ["rm", "--force", "switchyard-old-tiny"]
+
+
+def test_a_draft_and_adapters_are_mounted_where_the_container_sees_them(tmp_path: Path) -> None:
+    models, drafts = tmp_path / "models", tmp_path / "drafts"
+    for f in (models / "m.gguf", models / "style.gguf", drafts / "d.gguf", tmp_path / "loras" / "x.gguf"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"GGUF")
+    params = LlamaParams(
+        model_path=str(models / "m.gguf"),
+        alias="m",
+        ctx_size=512,
+        parallel=1,
+        threads=1,
+        kv_type="f16",
+        flash_attn="auto",
+        gpu_layers=0,
+        embedding=False,
+        pooling=None,
+        spec_type="draft_simple",
+        draft_path=str(drafts / "d.gguf"),
+        lora_paths=(str(models / "style.gguf"), str(tmp_path / "loras" / "x.gguf")),
+        lora_scales=(1.0, 0.5),
+    )
+    inside, mounts = _in_container(params)
+    assert [(m.host, m.container, m.read_only) for m in mounts] == [
+        (str(models), "/models", True),
+        (str(drafts), "/extra-draft", True),
+        (str(tmp_path / "loras"), "/extra-lora-1", True),
+    ]
+    assert inside.model_path == "/models/m.gguf" and inside.draft_path == "/extra-draft/d.gguf"
+    assert inside.lora_paths == ("/models/style.gguf", "/extra-lora-1/x.gguf")  # same folder, same mount

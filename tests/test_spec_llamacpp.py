@@ -149,6 +149,15 @@ def test_a_draft_lane_drafts_a_grammar_request_whatever_the_request_says(server:
     )
     timings = dict((out.model_extra or {}).get("timings") or {})
     assert out.choices[0].message.content == SHORT and timings["draft_n"] > 0, timings
+    # so the answer says the draft did not pay here, and /metrics counts such requests per reason
+    assert timings["draft_unsuited"] == "grammar", timings
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        scrape = r.read().decode()
+    assert 'switchyard_draft_unsuited_requests_total{model="tiny",reason="grammar"}' in scrape
+    free = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, extra_body={"temperature": 0}
+    )
+    assert "draft_unsuited" not in dict((free.model_extra or {}).get("timings") or {})
 
 
 def test_slots_show_whether_speculation_is_on(server: ServerProcess) -> None:

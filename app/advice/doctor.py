@@ -117,8 +117,10 @@ def render_doctor(r: dict[str, Any]) -> str:
         )
     for g in hw["gpus"] or []:
         total = fmt_bytes(g["memory_total"]) if g["memory_total"] else "shared memory"
+        speed = f", {gbw / 1e9:.0f} GB/s" if (gbw := g.get("memory_bandwidth")) else ""
         lines.append(
-            f"gpu {g['index']}:     {g['name']} ({g['vendor']}), {total}, driver {g['driver_version'] or '?'}"
+            f"gpu {g['index']}:     {g['name']} ({g['vendor']}), {total}, "
+            f"driver {g['driver_version'] or '?'}{speed}"
         )
     for d in hw["engine_devices"]:
         lines.append(f"llama.cpp: sees {d['name']} ({d['description']})")

@@ -19,11 +19,12 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
-from app.fit.plan import FitReport, calibrated, rate
+from app.fit.plan import CPU, GPU, FitReport, Placement, calibrated, device_bandwidths, rate
 from app.formats.detect import ModelKind
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
+from app.lanes.compat import gguf_architecture, survey
 from app.lanes.installed import installed_lanes
 from app.lanes.llamacpp import fit_for, requested_ctx
 from app.lanes.llamacpp_spec import speculation_for
@@ -82,6 +83,20 @@ class Requested:
         }
 
 
+# a load with some layers on the GPU and the rest on the CPU: its answers are filed apart from the
+# devices' own, since its speed is neither's (calibrate learns no factor from it: it has no bandwidth)
+SPLIT = "GPU+CPU"
+
+
+def speed_device(p: Placement) -> str:
+    """The device a load on placement `p` files its measured speeds under: "CPU" with nothing offloaded,
+    "GPU" with every layer and the output layer offloaded, SPLIT for anything between."""
+    parts = set(p.read_bytes)
+    if parts:  # where each token's reads happen: the placement's own split of its layers
+        return SPLIT if parts == {CPU, GPU} else GPU if parts == {GPU} else CPU
+    return CPU if p.gpu_layers <= 0 else GPU if p.name == "gpu" else SPLIT  # made without `read_bytes`
+
+
 @dataclass(frozen=True)
 class Explanation:
     """One model's routing decision and memory plan. `fit` None: no plan (`fit_problem` says why), or a
@@ -104,13 +119,13 @@ class Explanation:
     speculation: dict[str, Any] | None = None
     # measured tokens/s of this model, per lane and device, the most recent first (app/library/speeds.py)
     speeds: tuple[Speed, ...] = ()
-    calibration: dict[str, Any] | None = None  # the CPU calibration applied to the plan's speeds
+    calibration: dict[str, Any] | None = None  # the calibration applied to the plan's speeds, per device
 
     @property
     def measured(self) -> Speed | None:
         """The measurement that matches the plan's placement (else the most recent one)."""
         chosen = self.fit.chosen if self.fit else None
-        device = None if chosen is None else "CPU" if chosen.gpu_layers == 0 else "GPU"
+        device = None if chosen is None else speed_device(chosen)  # named as app/runtime.py files it
         return next((s for s in self.speeds if s.device == device), self.speeds[0] if self.speeds else None)
 
     @property
@@ -164,7 +179,8 @@ def explain(
 ) -> Explanation:
     """`lane`: the loaded lane's snapshot; `recorded`: the last load's predicted and measured memory;
     `library`: the models a draft model is chosen from (speculative type "draft"); `speeds`: this model's
-    measured tokens/s. The plan's speeds are calibrated by `inputs.speed` where it has the CPU."""
+    measured tokens/s. The plan's speeds are calibrated by `inputs.speed` per device: a placement gets a
+    calibrated figure when every device it reads on (CPU, GPU) has a calibration (plan.calibrated)."""
     settings, hardware = inputs.settings, inputs.hardware
     fmt = entry.model_format()
     entry, speculation = speculation_view(entry, settings, library)
@@ -190,10 +206,12 @@ def explain(
             return FitCheck(share["fits"], share["summary"])
         if report is None:
             return None
-        if lane_name == "llama.cpp":
+        if lane_name in ("llama.cpp", "llama.cpp-compat"):  # both llama.cpp builds plan alike
             return _fit_check(report, settings)
         return _same_file_check(lane_name, report, settings)
 
+    if (arch := gguf_architecture(entry)) is not None:
+        survey(settings, [arch], hardware=hardware)  # with a capability build: both builds asked once
     decision = decide(
         fmt,
         hardware=hardware,
@@ -229,15 +247,22 @@ def explain(
 
 
 def _calibration_view(inputs: AdviceInputs) -> dict[str, Any] | None:
-    cal = inputs.speed.get("CPU")
-    if cal is None:
+    """Every calibrated device under `devices` (the CPU first); the CPU's figures, else the first
+    device's, also at the top level, where a view of one device has always had them. None: nothing."""
+    order = sorted(inputs.speed.items(), key=lambda dc: (dc[0] != CPU, dc[0] != GPU, dc[0]))
+    devices = [
+        {
+            "device": d,
+            "efficiency": round(cal.efficiency, 3),
+            "per_token_s": cal.per_token_s,
+            "models": cal.models,
+            "bandwidth": cal.bandwidth,  # bytes/s on the copy scale (reads plus writes), as calibrated
+        }
+        for d, cal in order
+    ]
+    if not devices:
         return None
-    return {
-        "device": "CPU",
-        "efficiency": round(cal.efficiency, 3),
-        "per_token_s": cal.per_token_s,
-        "models": cal.models,
-    }
+    return {**devices[0], "devices": devices}
 
 
 def speculation_view(
@@ -275,8 +300,8 @@ def explain_local(
         recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
         models = catalog.servable()  # where a draft model is chosen from
         store = SpeedStore(library)
-        bw = inputs.hardware.bandwidth.all_cores if inputs.hardware.bandwidth else None
-        inputs = dataclasses.replace(inputs, speed=store.calibration(bandwidth=bw))
+        bws = device_bandwidths(inputs.hardware)
+        inputs = dataclasses.replace(inputs, speed=store.calibration(bandwidth=bws))
         speeds = store.of(entry.id)
     finally:
         library.close()
@@ -314,7 +339,13 @@ def _hw_summary(hw: Hardware) -> dict[str, Any]:
         "ram_total": hw.memory.total,
         "ram_available": hw.memory.available,
         "gpus": [
-            {"name": g.name, "vendor": g.vendor, "memory_total": g.memory_total, "memory_free": g.memory_free}
+            {
+                "name": g.name,
+                "vendor": g.vendor,
+                "memory_total": g.memory_total,
+                "memory_free": g.memory_free,
+                "memory_bandwidth": g.memory_bandwidth,
+            }
             for g in hw.gpus
         ],
         "bandwidth_all_cores": hw.bandwidth.all_cores if hw.bandwidth else None,
@@ -424,11 +455,13 @@ def _measured_lines(doc: dict[str, Any]) -> list[str]:
             f"measured on {s['lane']} ({s['device']}): {rate(s['tokens_per_s'])} tok/s generating{prompt}, "
             f"median of the last answers ({s['samples']} recorded, last {time.ctime(s['at'])})"
         )
-    cal = doc.get("speed_calibration")
-    if cal:
+    cal = doc.get("speed_calibration") or {}
+    for c in cal.get("devices") or ([cal] if cal else []):  # a server from before `devices`: its one
+        # the bound reads at half the figure kept (it is on the copy scale: reads plus writes)
+        reads = f" (reads at {c['bandwidth'] / 2e9:.0f} GB/s)" if c.get("bandwidth") else ""
         out.append(
-            f"speed calibration (CPU): {cal['efficiency']:.2f} of the memory-bandwidth bound, from "
-            f"{cal['models']} measured model(s)"
+            f"speed calibration ({c['device']}): {c['efficiency']:.2f} of the memory-bandwidth bound"
+            f"{reads}, from {c['models']} measured model(s)"
         )
     return out
 
@@ -441,7 +474,7 @@ def pin_refusal(entry: ModelEntry, lane: str, *, settings: Settings, hardware: H
     def fit(lane_name: str) -> FitCheck | None:
         if not isinstance(report, FitReport):
             return None
-        if lane_name == "llama.cpp":
+        if lane_name in ("llama.cpp", "llama.cpp-compat"):  # both llama.cpp builds plan alike
             return _fit_check(report, settings)
         return _same_file_check(lane_name, report, settings)
 

@@ -1,11 +1,15 @@
-"""`switchyard engine ls|install|update|pin|rollback|remove`: engines in environments of their own.
+"""`switchyard engine ls|install|update|pin|rollback|remove|register|unregister`: engines in environments of
+their own, and a second llama.cpp build registered as the capability lane (`llama.cpp-compat`).
 
 The commands work on the data dir directly, with or without a server running: a running server starts
 new lanes with whatever is current at that moment (lanes already running keep their version), and
 `remove` is refused while a lane runs from the environment. pip's output is printed as it comes.
 
+`install` and `update` put in the build the hardware probe chooses for engines that have several
+(mistral.rs, MLX); `--build` overrides it, and `ls` says when the installed build is not the chosen one.
+
 Exit codes: 0 done (or nothing to do), 1 the install failed (the previous version is unchanged), 2 bad
-input (unknown engine, bad version, nothing to roll back to, in use, busy).
+input (unknown engine, bad version or build, nothing to roll back to, in use, busy).
 """
 
 from __future__ import annotations
@@ -19,24 +23,31 @@ from typing import IO, Any
 
 from app.cli.context import CliContext
 from app.cli.options import Subparsers, api_key_arg, table
-from app.core.errors import EngineInstallError
+from app.core.errors import EngineInstallError, EngineStateError
 from app.core.events import EventBus
 from app.core.settings import Settings
 
 EXIT_OK, EXIT_FAILED = 0, 1
-KIND_HELP = "an engine: piper, whisper.cpp, mlx, vllm, sglang, mistral.rs, llama.cpp"
+KIND_HELP = "an engine: piper, whisper.cpp, mlx, vllm, sglang, mistral.rs, llama.cpp, llama.cpp-compat"
+BUILD_HELP = (
+    "this build instead of the one the hardware probe chooses (mistral.rs: cpu, metal, cuda12, cuda13; "
+    "mlx: cpu, cuda12, cuda13, metal)"
+)
 
 
 def register(sub: Subparsers) -> None:
     eng = sub.add_parser("engine", help="engines in their own environments: ls, install, update, pin, ...")
     es = eng.add_subparsers(
-        dest="engine_command", metavar="{ls,install,update,pin,rollback,remove}", required=True
+        dest="engine_command",
+        metavar="{ls,install,update,pin,rollback,remove,register,unregister}",
+        required=True,
     )
     ls = es.add_parser("ls", help="every engine: installed version, pinned version, path, health")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     i = es.add_parser("install", help="install an engine into its own environment (pinned version)")
     i.add_argument("kind", help=KIND_HELP)
     i.add_argument("--version", dest="engine_version", help="this version instead of the pinned one")
+    i.add_argument("--build", help=BUILD_HELP)
     i.add_argument(
         "--detach", action="store_true", help="install as a job of the running server, print its id, return"
     )
@@ -46,6 +57,7 @@ def register(sub: Subparsers) -> None:
     target = u.add_mutually_exclusive_group(required=True)
     target.add_argument("kind", nargs="?", help=KIND_HELP)
     target.add_argument("--all", action="store_true", help="every engine installed in its own environment")
+    u.add_argument("--build", help=BUILD_HELP + "; with KIND only")
     u.add_argument(
         "--latest",
         action="store_true",
@@ -59,6 +71,15 @@ def register(sub: Subparsers) -> None:
     r.add_argument("kind", help=KIND_HELP)
     rm = es.add_parser("remove", help="delete every version of an engine's environment and its pin")
     rm.add_argument("kind", help=KIND_HELP)
+    reg = es.add_parser(
+        "register", help="a second llama.cpp build as the capability lane, for architectures the first lacks"
+    )
+    reg.add_argument("kind", choices=["llama.cpp-compat"], help="the capability lane")
+    build = reg.add_mutually_exclusive_group(required=True)
+    build.add_argument("--python", help="an interpreter whose xllamacpp is another version (or a fork's)")
+    build.add_argument("--llama-server", dest="llama_server", help="a llama-server binary (another revision)")
+    unreg = es.add_parser("unregister", help="forget the registered capability build")
+    unreg.add_argument("kind", choices=["llama.cpp-compat"], help="the capability lane")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -73,10 +94,33 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if cmd == "install" and args.detach:
         from app.cli.jobs import start_detached
 
-        body = {"kind": "engine_install", "engine": args.kind, "version": args.engine_version}
+        if args.build:  # refused here as the server would, before a server is needed
+            spec_for(args.kind).check_build(args.build)
+        body = {
+            "kind": "engine_install",
+            "engine": args.kind,
+            "version": args.engine_version,
+            "build": args.build,  # None: the server's probe chooses; a bad one is its 400
+        }
         return start_detached(args, ctx, body, what="engine install --detach")
     if cmd == "install":
-        return _install(args.kind, store, settings, version=args.engine_version)
+        done = _install(args.kind, store, settings, version=args.engine_version, build=args.build)
+        if done == EXIT_OK and args.kind == "llama.cpp-compat":
+            _compat_survey(settings)
+        return done
+    if cmd == "register":
+        from app.lanes import compat
+
+        registered = compat.register(python=args.python, llama_server=args.llama_server)
+        print(f"llama.cpp-compat: registered {registered.describe()}")
+        _compat_survey(settings)
+        return EXIT_OK
+    if cmd == "unregister":
+        from app.lanes import compat
+
+        forgot = compat.unregister()
+        print("llama.cpp-compat: " + ("registration removed" if forgot else "nothing was registered"))
+        return EXIT_OK
     if cmd == "update":
         return _update(args, store, settings)
     if cmd == "pin":
@@ -104,34 +148,65 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     return EXIT_OK
 
 
+def _compat_survey(settings: Settings) -> None:
+    """Ask both llama.cpp builds which architectures they load, and say what the second one adds."""
+    from app.lanes import compat
+
+    found = compat.survey_all(settings)
+    if not found.compat:
+        print("llama.cpp-compat: the build answered no probe; see the log, and check it starts on its own")
+        return
+    loads = sum(1 for ok in found.compat.values() if ok)
+    print(f"llama.cpp-compat: loads {loads} of the {len(found.compat)} GGUF architectures asked")
+    if not found.default:
+        print("the default llama.cpp build runs in a container and was not asked; GGUFs stay on it")
+        return
+    only = found.only_compat()
+    if only:
+        print(f"only it loads ({len(only)}): {', '.join(only)}; GGUFs of these now run on it")
+    else:
+        print("it loads nothing the default llama.cpp build refuses: every GGUF stays on llama.cpp")
+
+
 def _ls(args: argparse.Namespace, settings: Settings, store: Any) -> int:
     from app.hardware.probe import probe
     from app.lanes.engine_list import engine_rows
 
-    rows = engine_rows(settings, probe(bandwidth_cache=None), store=store)
+    rows = engine_rows(settings, probe(bandwidth_cache=None), store=store)  # with the builds installed
     if args.json:
         print(json.dumps({"engines": rows}, indent=2))
         return EXIT_OK
     rows_out = [("KIND", "INSTALLED", "PINNED", "BUILD", "PATH", "HEALTH")]
     for r in rows:
-        where = {"managed": "own env", "app": "app", "path": "binary"}.get(r["where"] or "", "")
+        where = {
+            "managed": "own env",
+            "app": "app",
+            "path": "binary",
+            "container": f"container, {r['runtime']}",
+            "registered": "registered",
+        }.get(r["where"] or "", "")
         installed = f"{r['version'] or '?'} ({where})" if r["installed"] else "-"
         if r["previous"]:
             installed += f", previous {r['previous']}"
         pinned = f"{r['pinned']}{' (you)' if r['pinned_by'] == 'you' else ''}" if r["pinned"] else "-"
         health = "ok" if r["can_start"] else f"cannot start: {r['health']}"
         build = r.get("build") or "-"
+        if r.get("build_note"):  # the installed build first, then the one this machine calls for
+            build = f"{r['installed_build'] or '?'}->{build}"
         rows_out.append((r["engine"], installed, pinned, build, r["path"] or "-", r["problem"] or health))
     table(rows_out)
+    for r in rows:
+        if r.get("build_note"):
+            print(f"{r['engine']}: {r['build_note']}")
     return EXIT_OK
 
 
-def _install(kind: str, store: Any, settings: Settings, *, version: str | None) -> int:
+def _install(kind: str, store: Any, settings: Settings, *, version: str | None, build: str | None) -> int:
     from app.lanes import engine_install
 
     async def go(bus: EventBus) -> Any:
         return await engine_install.install(
-            kind, store=store, bus=bus, version=version, engine_python=settings.engine_python
+            kind, store=store, bus=bus, version=version, build=build, engine_python=settings.engine_python
         )
 
     try:
@@ -139,31 +214,39 @@ def _install(kind: str, store: Any, settings: Settings, *, version: str | None) 
     except EngineInstallError as exc:
         print(f"switchyard: install failed: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
+    what = f"{result.version} ({result.build} build)" if result.build else result.version
     if not result.changed:
-        print(f"{kind}: {result.version} is already installed ({result.path})")
+        print(f"{kind}: {what} is already installed ({result.path})")
     else:
         before = f" (previous {result.previous}, kept for `engine rollback`)" if result.previous else ""
-        print(f"{kind}: {result.version} installed in {result.seconds:.0f} s at {result.path}{before}")
+        print(f"{kind}: {what} installed in {result.seconds:.0f} s at {result.path}{before}")
     return EXIT_OK
 
 
 def _update(args: argparse.Namespace, store: Any, settings: Settings) -> int:
-    from app.lanes.engine_install import target_version
+    from app.hardware.probe import probe
+    from app.lanes.engine_install import plan
     from app.lanes.engine_store import load_manifest, spec_for
 
     if not args.all:
         spec_for(args.kind)
-        return max(_install(args.kind, store, settings, version=None), _latest(args, settings))
+        done = _install(args.kind, store, settings, version=None, build=args.build)
+        return max(done, _latest(args, settings))
+    if args.build:
+        raise EngineStateError(
+            "--build goes with one engine (update KIND --build B), not --all", param="build"
+        )
     status = EXIT_OK
+    hardware = probe(engine=False)
     for lane, spec in load_manifest().items():
         state = store.read(lane)
         if state.current is None:
             continue
-        want = target_version(spec, state, None)
-        if state.current.version == want:
-            print(f"{lane}: {want} is up to date")
+        want = plan(spec, state, hardware=hardware)
+        if (state.current.version, state.current.build) == (want.version, want.build):
+            print(f"{lane}: {want.version} is up to date")
             continue
-        status = max(status, _install(lane, store, settings, version=None))
+        status = max(status, _install(lane, store, settings, version=None, build=None))
     return max(status, _latest(args, settings))
 
 
@@ -181,8 +264,10 @@ def _latest(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-async def _with_progress(go: Callable[[EventBus], Awaitable[Any]], *, out: IO[str] = sys.stdout) -> Any:
-    """Run `go` while printing its engine.progress events as they come."""
+async def _with_progress(go: Callable[[EventBus], Awaitable[Any]], *, out: IO[str] | None = None) -> Any:
+    """Run `go` while printing its engine.progress events as they come (to `out`, else stdout as it is
+    now: a redirected stdout gets them too)."""
+    out = out or sys.stdout
     bus = EventBus()
     async with bus.subscribe() as q:
         task = asyncio.ensure_future(go(bus))

@@ -79,15 +79,16 @@ def _calibrated(inputs: Any, ctx: CliContext) -> Any:
     so the predictions are the ones the window and a running server give."""
     import dataclasses
 
+    from app.fit.plan import device_bandwidths
     from app.library.speeds import machine_calibration
     from app.library.store import Library
 
-    bw = inputs.hardware.bandwidth.all_cores if inputs.hardware.bandwidth else None
-    if bw is None:
+    bws = device_bandwidths(inputs.hardware)  # per device: a card's own, the CPU's measured copy figure
+    if not bws:
         return inputs
     library = Library.open(ctx.paths)
     try:
-        return dataclasses.replace(inputs, speed=machine_calibration(library, bandwidth=bw))
+        return dataclasses.replace(inputs, speed=machine_calibration(library, bandwidth=bws))
     finally:
         library.close()
 

@@ -15,8 +15,9 @@ from app.core.errors import SettingsError
 NGRAM_DEFAULT = "ngram_mod"
 NGRAM_TYPES = ("ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod", "ngram_cache")
 SPEC_TYPES = ("off", "ngram", *NGRAM_TYPES, "draft")
-# the knobs each type reads; every one is optional (the engine's default otherwise)
-_KNOBS: dict[str, tuple[str, ...]] = {
+# the knobs each type reads; every one is optional (the engine's default otherwise). Public, with the ranges
+# below, so a surface (the Tune page) offers exactly what these checks accept
+KNOBS: dict[str, tuple[str, ...]] = {
     "off": (),
     "ngram_simple": ("size_n", "size_m", "min_hits"),
     "ngram_map_k": ("size_n", "size_m", "min_hits"),
@@ -25,8 +26,11 @@ _KNOBS: dict[str, tuple[str, ...]] = {
     "ngram_cache": (),
     "draft": ("draft", "n_max", "n_min", "p_min", "max_temperature"),
 }
-_RANGES = {"size_n": (1, 64), "size_m": (1, 256), "min_hits": (1, 64), "n_match": (1, 256)}
-_RANGES |= {"n_min": (0, 256), "n_max": (1, 256)}
+INT_RANGES: dict[str, tuple[int, int]] = {"size_n": (1, 64), "size_m": (1, 256), "min_hits": (1, 64)}
+INT_RANGES |= {"n_match": (1, 256), "n_min": (0, 256), "n_max": (1, 256)}
+FLOAT_RANGES: dict[str, tuple[float, float]] = {"p_min": (0.0, 1.0), "max_temperature": (0.0, 2.0)}
+# a LoRA adapter's scale (0 loads it without applying it)
+SCALE_RANGE = (-4.0, 4.0)
 # above this temperature a draft model's guesses are mostly rejected (docs/performance.md): it is skipped
 DRAFT_MAX_TEMPERATURE = 0.3
 
@@ -63,7 +67,7 @@ def speculation_of(value: Any, *, where: str = "speculative") -> Speculation:
         raise SettingsError(f"{where}.type must be one of {', '.join(SPEC_TYPES)}, got {kind!r}")
     kind = NGRAM_DEFAULT if kind == "ngram" else kind
     knobs = {k: v for k, v in value.items() if k != "type"}
-    allowed = _KNOBS[kind]
+    allowed = KNOBS[kind]
     if bad := sorted(set(knobs) - set(allowed)):
         raise SettingsError(
             f"{where} of type {kind!r} has unknown keys {bad}; allowed: {', '.join(allowed) or 'none'}"
@@ -80,13 +84,13 @@ def _check_knob(where: str, key: str, value: Any) -> None:
         if not isinstance(value, str) or not value:
             raise SettingsError(f"{where} must be the id of a draft model in the library, got {value!r}")
         return
-    if key in ("p_min", "max_temperature"):
-        top = 1.0 if key == "p_min" else 2.0
+    if key in FLOAT_RANGES:
+        bottom, top = FLOAT_RANGES[key]
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not 0.0 <= value <= top:
-            raise SettingsError(f"{where} must be a number from 0 to {top}, got {value!r}")
+        if not number or not bottom <= value <= top:
+            raise SettingsError(f"{where} must be a number from {bottom:g} to {top}, got {value!r}")
         return
-    low, high = _RANGES[key]
+    low, high = INT_RANGES[key]
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise SettingsError(f"{where} must be an integer from {low} to {high}, got {value!r}")
 
@@ -114,8 +118,9 @@ def adapters_of(value: Any, *, where: str = "lora") -> tuple[Adapter, ...]:
         path = item.get("file", item.get("path")) if isinstance(item, dict) else None
         scale = item.get("scale", 1.0) if isinstance(item, dict) else None
         ok_keys = isinstance(item, dict) and set(item) <= {"file", "path", "scale"}
-        ok_scale = isinstance(scale, int | float) and not isinstance(scale, bool) and -4.0 <= scale <= 4.0
+        low, high = SCALE_RANGE
+        ok_scale = isinstance(scale, int | float) and not isinstance(scale, bool) and low <= scale <= high
         if not (ok_keys and isinstance(path, str) and path and ok_scale):
-            raise SettingsError(f"{hint} (scale from -4 to 4), got {item!r}")
+            raise SettingsError(f"{hint} (scale from {low:g} to {high:g}), got {item!r}")
         out.append(Adapter(path, float(scale)))  # type: ignore[arg-type]
     return tuple(out)

@@ -40,20 +40,32 @@ SPEED_BAND = (0.1, 1.0)
 # below this many bytes read per token, fixed per-token costs outweigh memory traffic: such models are
 # not used to learn the efficiency (they teach the per-token cost instead)
 BANDWIDTH_BOUND_BYTES = 16 * MIB
+# the devices speeds are measured and calibrated on, named as the speed recorder files them
+# (app/runtime.py `_load_key`): "GPU" is every offload GPU of a placement, layers split across them
+CPU, GPU = "CPU", "GPU"
 
 
 @dataclass(frozen=True)
 class SpeedCalibration:
     """What this machine's measurements say about one device: generation speed is `efficiency` times the
-    bandwidth bound, plus a fixed `per_token_s` learned from small models; `models`: how many were used."""
+    bandwidth bound, plus a fixed `per_token_s` learned from small models; `models`: how many were used;
+    `bandwidth`: the device's memory bandwidth the bound was taken from (bytes/s, None where not kept)."""
 
     efficiency: float
     per_token_s: float = 0.0
     models: int = 0
+    bandwidth: float | None = None
 
     def predict(self, raw_tps: float) -> float:
         """Tokens/s for a model whose bandwidth bound is `raw_tps`."""
         return 1.0 / (1.0 / (raw_tps * self.efficiency) + self.per_token_s)
+
+    def seconds(self, read_bytes: int) -> float | None:
+        """Seconds a token spends on this device reading `read_bytes`, its fixed cost included (the
+        inverse of `predict` for those bytes); None when the device's bandwidth was not kept."""
+        if not self.bandwidth:
+            return None
+        return 1.0 / self.predict(bandwidth_bound(read_bytes, self.bandwidth))
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,9 @@ class Placement:
     tokens_per_s_range: tuple[float, float] | None = None  # (low, high) while nothing calibrates it
     calibrated: bool = False
     bytes_per_token: int | None = None  # what one generated token reads: active weights + half the KV
+    # that read per device ("CPU", "GPU"), summing to bytes_per_token: how a split placement's speed is
+    # calibrated, each part at its own device's rate
+    read_bytes: dict[str, int] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         return {
@@ -204,6 +219,54 @@ def bytes_per_token(layout: GGUFLayout, p: FitParams) -> int:
     return max(1, int(active + kv))
 
 
+def read_bytes_by_device(layout: GGUFLayout, p: FitParams, *, n_gpus: int) -> dict[str, int]:
+    """`bytes_per_token` split where the reads happen: the offloaded layers (the last `gpu_layers`, as
+    split_weights puts them) with their KV on the GPU, the rest on the CPU; all of it on the GPU when the
+    output layer is offloaded too. Devices that read nothing are left out."""
+    total = bytes_per_token(layout, p)
+    n = layout.block_count
+    on = max(0, min(p.gpu_layers, n)) if n_gpus else 0
+    if not on:
+        return {CPU: total}
+    if p.gpu_layers > n:
+        return {GPU: total}
+    weights = sum(layout.layer_bytes[n - on :])
+    if layout.expert_count and layout.expert_used_count:  # the same scaling as bytes_per_token's
+        weights = int(weights * max(layout.expert_used_count / layout.expert_count, 0.1))
+    b = KV_TYPE_BYTES[p.kv_type]
+    k_v = (layout.key_length or 0) + (layout.value_length or 0)
+    kv_cell = sum(
+        layout.head_count_kv[i] * k_v * b
+        for i in range(n - on, n)
+        if i < len(layout.kv_layers) and layout.kv_layers[i] and i < len(layout.head_count_kv)
+    )
+    gpu = min(total, int(weights + kv_cell * p.ctx_per_seq / 2))
+    return {d: v for d, v in ((GPU, gpu), (CPU, total - gpu)) if v > 0}
+
+
+def device_bandwidths(hw: Hardware) -> dict[str, float]:
+    """Each device's memory bandwidth under the names speeds are calibrated by (bytes/s, reads plus
+    writes as the copy measurement counts them): the CPU's measured all-cores figure; the GPU's where it
+    reads that same memory (unified memory: Apple), or where every offload GPU is an NVIDIA card whose
+    driver gave its bandwidth (the slowest card's when layers are spread over several: a token waits for
+    each card's layers in turn, so the slowest is the cautious scale). A device with no figure is left
+    out, so its speeds stay uncalibrated; empty when nothing is known."""
+    out: dict[str, float] = {}
+    if hw.bandwidth is not None:
+        out[CPU] = float(hw.bandwidth.all_cores)
+    gpus = offload_gpus(hw)
+    if not gpus:
+        return out
+    if all(g.unified_memory for g in gpus):
+        if hw.bandwidth is not None:
+            out[GPU] = float(hw.bandwidth.all_cores)
+    elif all(g.vendor == "nvidia" and not g.unified_memory and g.memory_bandwidth for g in gpus):
+        # NVML gives the rate the card reads at; the CPU's copy figure counts each byte read and written,
+        # and bandwidth_bound halves whatever it is given: twice the read rate puts the card on that scale
+        out[GPU] = 2 * min(float(g.memory_bandwidth or 0) for g in gpus)
+    return out
+
+
 def bandwidth_bound(read_bytes: int, bandwidth: float) -> float:
     """Tokens/s if each token only waited for its bytes: the copy figure counts read + write, a token
     only reads, so half of `bandwidth` is the read rate."""
@@ -213,7 +276,12 @@ def bandwidth_bound(read_bytes: int, bandwidth: float) -> float:
 def _speed(layout: GGUFLayout, hw: Hardware, p: FitParams, n_gpus: int) -> tuple[float | None, str]:
     """The bandwidth bound in tokens/s (None on a GPU, or with no bandwidth measured) and a note."""
     if p.gpu_layers > 0 and n_gpus:
-        return None, "GPU memory bandwidth is not reported by the driver; measured speed shows after a load"
+        return None, (
+            "a GPU placement has no bandwidth bound of its own yet: where the GPU memory bandwidth is "
+            "known (an NVIDIA driver's figure, or the memory an Apple GPU shares), answers measured on "
+            "this machine's GPU (and CPU, for layers left there) calibrate its speed; else measured "
+            "speed shows after a load"
+        )
     if hw.bandwidth is None:
         return None, "memory bandwidth not measured yet"
     raw = bandwidth_bound(bytes_per_token(layout, p), hw.bandwidth.all_cores)
@@ -320,6 +388,7 @@ def _placement(
         raw_tokens_per_s=raw,
         tokens_per_s_range=band,
         bytes_per_token=bytes_per_token(layout, p),
+        read_bytes=read_bytes_by_device(layout, p, n_gpus=n_gpus),
     )
 
 
@@ -335,29 +404,60 @@ def speed_words(p: Placement) -> str:
 
 
 def calibrated(report: FitReport, calibration: Mapping[str, SpeedCalibration]) -> FitReport:
-    """`report` with this machine's calibration applied to its CPU placements (GPUs have no bandwidth
-    bound to scale yet); unchanged when `calibration` has nothing for the CPU."""
-    cal = calibration.get("CPU")
-    if cal is None:
+    """`report` with this machine's calibration applied per device (docs/fit.md#speed): a CPU-only
+    placement scaled by the CPU's, one all on the GPU by the GPU's, a split one by both. A placement
+    using a device nothing was measured on keeps what it had (the range, or the note); `report` itself
+    when `calibration` is empty."""
+    if not calibration:
         return report
-
-    def one(p: Placement) -> Placement:
-        if p.raw_tokens_per_s is None or p.gpu_layers > 0:
-            return p
-        note = f"calibrated from {cal.models} model(s) measured on this machine"
-        tps = round(cal.predict(p.raw_tokens_per_s), 1)
-        return dataclasses.replace(
-            p, tokens_per_s=tps, tokens_per_s_range=None, calibrated=True, speed_note=note
-        )
-
-    placements = tuple(one(p) for p in report.placements)
+    placements = tuple(_calibrated(p, calibration) for p in report.placements)
     chosen = next((q for p, q in zip(report.placements, placements, strict=True) if p is report.chosen), None)
     summary = report.summary
     if report.chosen is not None and chosen is not None:
         old = speed_words(report.chosen)
         if old and summary.endswith(old):
             summary = summary[: -len(old)] + speed_words(chosen)
+        elif not old:  # a GPU placement had no figure to replace
+            summary += speed_words(chosen)
     return dataclasses.replace(report, summary=summary, chosen=chosen, placements=placements)
+
+
+def _calibrated(p: Placement, calibration: Mapping[str, SpeedCalibration]) -> Placement:
+    parts = p.read_bytes or ({CPU: p.bytes_per_token} if p.bytes_per_token else {})
+    if GPU not in parts:  # the CPU path: its bound is the placement's own raw figure
+        cal = calibration.get(CPU)
+        if cal is None or p.raw_tokens_per_s is None:
+            return p
+        note = f"calibrated from {cal.models} model(s) measured on this machine's CPU"
+        return _with_speed(p, cal.predict(p.raw_tokens_per_s), note)
+    # the layers run one after another: a token's time is the sum of each device's part at its own rate
+    seconds = {d: cal.seconds(b) for d, b in parts.items() if (cal := calibration.get(d)) is not None}
+    done = {d: s for d, s in seconds.items() if s is not None}
+    if len(done) < len(parts):
+        if not done:
+            return p
+        missing = ", ".join(d for d in parts if d not in done)
+        said = f"{_devices_words(done, calibration)}; not yet the {missing}, so no figure for this split"
+        return dataclasses.replace(p, speed_note=f"{p.speed_note} (calibrated: {said})")
+    if len(parts) == 1:
+        (device,) = parts
+        note = f"calibrated from {calibration[device].models} model(s) measured on this machine's {device}"
+    else:
+        note = (
+            f"calibrated per device, {p.gpu_layers} layer(s) on the GPU and the rest on the CPU, from "
+            f"{_devices_words(done, calibration)} measured on this machine"
+        )
+    return _with_speed(p, 1.0 / sum(done.values()), note)
+
+
+def _devices_words(devices: Mapping[str, object], calibration: Mapping[str, SpeedCalibration]) -> str:
+    return ", ".join(f"{d} ({calibration[d].models} model(s))" for d in devices)
+
+
+def _with_speed(p: Placement, tps: float, note: str) -> Placement:
+    return dataclasses.replace(
+        p, tokens_per_s=round(tps, 1), tokens_per_s_range=None, calibrated=True, speed_note=note
+    )
 
 
 def rate(tps: float) -> str:

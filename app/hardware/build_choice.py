@@ -6,6 +6,7 @@ the same answer, with the reason in words, so `engine ls`, `doctor`, `explain` a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,7 +37,8 @@ class BuildChoice:
     engine: str
     build: str
     reason: str
-    package: str | None = None  # a PyPI requirement for Python engines; None for llama.cpp binaries
+    # the requirement that carries the build (from the engine manifest, passed in); None where not given
+    package: str | None = None
 
     def public(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,41 +83,30 @@ def backend_for(hw: Hardware) -> Backend:
     return Backend("cpu", "no GPU found: CPU build")
 
 
-def _mistralrs(hw: Hardware, be: Backend) -> BuildChoice:
-    if be.build.startswith("cuda"):
-        return BuildChoice("mistral.rs", be.build, be.reason, "mistralrs-cuda")
-    if be.build == "metal":
-        return BuildChoice("mistral.rs", "metal", be.reason, "mistralrs-metal")
-    flags = set(hw.cpu.flags)
-    name = (hw.cpu.model_name or "").lower()
-    if hw.arch == "x86_64" and "intel" in name and "avx2" in flags:
-        why = f"{be.reason}; Intel CPU: the MKL build"
-        return BuildChoice("mistral.rs", "cpu", why, "mistralrs-mkl")
-    why = f"{be.reason}; mistral.rs has no {be.build} build: CPU" if be.build != "cpu" else be.reason
-    return BuildChoice("mistral.rs", "cpu", why, "mistralrs")
+def _cpu_instead(engine: str, be: Backend) -> tuple[str, str]:
+    return "cpu", be.reason if be.build == "cpu" else f"{be.reason}; {engine} has no {be.build} build: CPU"
 
 
-def _mlx(hw: Hardware, be: Backend) -> BuildChoice:
-    if be.build == "metal":
-        return BuildChoice("mlx", "metal", be.reason, "mlx")
-    if hw.os == "linux" and be.build in ("cuda12", "cuda13"):
-        extra = "cuda13" if be.build == "cuda13" else "cuda12"
-        return BuildChoice("mlx", be.build, be.reason, f"mlx[{extra}]")
-    why = f"{be.reason}; MLX has no {be.build} build: CPU" if be.build != "cpu" else be.reason
-    return BuildChoice("mlx", "cpu", why, "mlx[cpu]")
-
-
-def choose_build(engine: str, hw: Hardware) -> BuildChoice:
-    """The build `engine` (a lane id) should use on `hw`; engines with one build get `cpu`/their only."""
-    be = backend_for(hw)
+def _engine_build(engine: str, hw: Hardware, be: Backend) -> tuple[str, str]:
+    """(build, reason) for one engine on `hw`, whose best backend is `be`."""
     if engine == "llama.cpp":
-        return BuildChoice("llama.cpp", be.build, be.reason)
+        return be.build, be.reason
     if engine == "mistral.rs":
-        return _mistralrs(hw, be)
-    if engine == "mlx":
-        return _mlx(hw, be)
+        ok = be.build.startswith("cuda") or be.build == "metal"
+        return (be.build, be.reason) if ok else _cpu_instead("mistral.rs", be)
+    if engine == "mlx":  # MLX's CUDA builds are Linux wheels only
+        ok = be.build == "metal" or (hw.os == "linux" and be.build in ("cuda12", "cuda13"))
+        return (be.build, be.reason) if ok else _cpu_instead("MLX", be)
     if engine in ("vllm", "sglang"):
-        build = be.build if be.build.startswith("cuda") or be.build == "rocm" else "cpu"
-        why = be.reason if build != "cpu" else f"{be.reason}; {engine} needs a CUDA or ROCm GPU"
-        return BuildChoice(engine, build, why)
-    return BuildChoice(engine, "cpu", "one build only")
+        if be.build.startswith("cuda") or be.build == "rocm":
+            return be.build, be.reason
+        return "cpu", f"{be.reason}; {engine} needs a CUDA or ROCm GPU"
+    return "cpu", "one build only"
+
+
+def choose_build(engine: str, hw: Hardware, *, packages: Mapping[str, str] | None = None) -> BuildChoice:
+    """The build `engine` (a lane id) should use on `hw`; engines with one build get `cpu`. `packages`
+    maps a build to the requirement that carries it (the engine manifest's `builds`, which this layer
+    cannot read): `package` is that build's entry, else None."""
+    build, reason = _engine_build(engine, hw, backend_for(hw))
+    return BuildChoice(engine, build, reason, (packages or {}).get(build))

@@ -61,6 +61,9 @@ class GPUInfo:
     unified_memory: bool
     pci_bus_id: str | None
     source: GPUSource
+    # bytes/s the card's memory reads at its top clock (NVIDIA: NVML's bus width and memory clock, double
+    # data rate); None where the driver does not say (every other vendor, for now)
+    memory_bandwidth: float | None = None
 
     def public(self) -> dict[str, Any]:
         return asdict(self)

@@ -36,6 +36,25 @@ def _maybe(nvml: Any, fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+# nvmlClockType_t's memory clock, for bindings that do not name it
+NVML_CLOCK_MEM = 2
+
+
+def _memory_bandwidth(nvml: Any, h: Any) -> float | None:
+    """The card's theoretical memory read rate in bytes/s: bus width (bits) / 8 x top memory clock (MHz)
+    x 2, as NVML reports the clock at half the transfer rate. None when the bindings lack either query
+    (older nvidia-ml-py) or the driver answers neither with a figure."""
+    bus_width = getattr(nvml, "nvmlDeviceGetMemoryBusWidth", None)
+    max_clock = getattr(nvml, "nvmlDeviceGetMaxClockInfo", None)
+    if bus_width is None or max_clock is None:
+        return None
+    bits = _maybe(nvml, bus_width, h)
+    mhz = _maybe(nvml, max_clock, h, getattr(nvml, "NVML_CLOCK_MEM", NVML_CLOCK_MEM))
+    if not bits or not mhz:
+        return None
+    return float(bits) / 8 * float(mhz) * 1e6 * 2
+
+
 def _card(nvml: Any, index: int, driver: str | None) -> GPUInfo:
     h = nvml.nvmlDeviceGetHandleByIndex(index)
     name = _maybe(nvml, nvml.nvmlDeviceGetName, h)
@@ -55,6 +74,7 @@ def _card(nvml: Any, index: int, driver: str | None) -> GPUInfo:
         unified_memory=False,
         pci_bus_id=_text(pci.busId) if pci is not None else None,
         source="nvml",
+        memory_bandwidth=_memory_bandwidth(nvml, h),
     )
 
 

@@ -33,6 +33,7 @@ from app.lanes.bank import (
 )
 from app.lanes.lane import Lane
 from app.lanes.llamacpp import xllamacpp
+from app.routing.engines import LLAMA_ENGINES
 
 log = logging.getLogger("switchyard.bank")
 _SLOT_CALL = aiohttp.ClientTimeout(total=60)
@@ -115,7 +116,7 @@ class SessionBank:
         plan = lane.plan
         return (
             plan is not None
-            and plan.engine == "llama.cpp"
+            and plan.engine in LLAMA_ENGINES
             and bool(getattr(plan.params, "slot_save_path", ""))
             and not getattr(plan.params, "mmproj_path", "")  # llama.cpp saves no slot of a vision model
             and lane.proc is not None

@@ -18,15 +18,19 @@ from pathlib import Path
 
 from app.core.errors import EngineUnavailableError
 from app.core.frozen import module_argv
+from app.core.paths import Paths
 from app.core.settings import Settings
 from app.fit.gpu_share import plan_gpu_share, valid_tensor_parallel
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo, Hardware
+from app.lanes.containers import engine_in_container, load_images
 from app.lanes.kind import engine_process_env, engine_python, find_binary
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import settings_env
 from app.lanes.python_kind import PythonEngineKind
+from app.lanes.runtimes import PACKAGE, choose_engine_runtime, engine_install
 from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
 from app.routing.traits import CUDA_MIN_CC
 
 DEFAULT_MAX_LEN_CAP = 32768  # the window asked for when none is set: long enough, and KV stays bounded
@@ -162,6 +166,10 @@ class CudaKind(PythonEngineKind):
     started as the engine's own server with a GPU share planned beside the other GPU lanes, so `build`
     needs the hardware and what is promised already, which the base's `launch` does not get."""
 
+    def install(self, settings: Settings) -> LaneInstall:
+        # the package, else (runtime auto, docker or podman) the upstream image (app/lanes/runtimes.py)
+        return engine_install(self.lane, settings, package=super().install(settings))
+
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
         return super().start_refusal(settings, hardware) or cuda_refusal(hardware)
 
@@ -181,6 +189,32 @@ class CudaKind(PythonEngineKind):
         fmt = entry.model_format()
         if not isinstance(fmt.facts, SafetensorsModel):
             raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
+        package = super().install(settings)
+        choice = choose_engine_runtime(self.lane, settings, package=package, hardware=hardware)
+        if choice.runtime is None:
+            raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {choice.refusal()}")
+        if choice.runtime != PACKAGE and choice.build is not None:  # the upstream image
+            plan = cuda_plan(
+                fmt.facts,
+                engine=self.lane,
+                model_id=entry.id,
+                settings=settings,
+                hardware=hardware,
+                port=free_port,
+                ppid=ppid,
+                used=used,
+            )
+            return engine_in_container(
+                plan,
+                cli=choice.runtime,
+                image=load_images()[self.lane],
+                build=choice.build,
+                model_id=entry.id,
+                model_path=entry.path,
+                home=Paths.from_env().home,
+                ppid=ppid,
+                engine_env=settings.engine_env.get(self.lane),
+            )
         # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
         engine = engine_python(self.lane, self.module, self.dist())
         python = engine.python if engine and engine.managed else sys.executable

@@ -22,6 +22,7 @@ from typing import Any
 from app.core.errors import EngineBusyError, SwitchyardError
 from app.core.events import EventBus
 from app.core.settings import Settings
+from app.hardware.probe import probe
 from app.lanes import engine_install
 from app.lanes.engine_store import EngineStore, load_manifest, spec_for
 
@@ -49,6 +50,7 @@ class EngineJob:
     engine: str
     action: str  # install | update
     version: str | None  # asked for; None: the pin or the manifest's
+    build: str | None = None  # asked for; None: the one the hardware probe chooses
     state: JobState = JobState.RUNNING
     error: str | None = None
     result: dict[str, Any] | None = None
@@ -62,6 +64,7 @@ class EngineJob:
             "engine": self.engine,
             "action": self.action,
             "version": self.version,
+            "build": self.build,
             "state": self.state,
             "error": self.error,
             "result": self.result,
@@ -82,26 +85,38 @@ class EngineJobs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
 
-    def start(self, engine: str, *, version: str | None = None, action: str = "install") -> EngineJob:
-        """Start installing; EngineBusyError if this engine already has a running job."""
-        spec_for(engine)
+    def start(
+        self, engine: str, *, version: str | None = None, build: str | None = None, action: str = "install"
+    ) -> EngineJob:
+        """Start installing; EngineBusyError if this engine already has a running job, EngineStateError
+        (listing the valid ones) for a build the engine has no package for."""
+        spec = spec_for(engine)
+        if build is not None:
+            spec.check_build(build)
         if any(j.engine == engine and j.state is JobState.RUNNING for j in self._jobs.values()):
             raise EngineBusyError(f"{engine} is already being installed; follow GET /api/engines/events")
-        job = EngineJob(id=f"eng-{next(self._ids)}", engine=engine, action=action, version=version)
+        job = EngineJob(
+            id=f"eng-{next(self._ids)}", engine=engine, action=action, version=version, build=build
+        )
         self._jobs[job.id] = job
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"engine {engine}")
         self._forget_old()
         return job
 
     def update_all(self) -> list[EngineJob]:
-        """An update job per engine that has an environment of its own and is behind its target."""
+        """An update job per engine that has an environment of its own and is behind its target: another
+        version, or (mistral.rs, MLX) another build than the one the hardware probe chooses now."""
         jobs = []
+        hardware = None  # probed once, and only when an installed engine has several builds
         for lane, spec in load_manifest().items():
             with contextlib.suppress(SwitchyardError):
                 state = self.store.read(lane)
                 if state.current is None:
                     continue
-                if state.current.version != engine_install.target_version(spec, state, None):
+                if spec.builds and hardware is None:
+                    hardware = probe(engine=False)
+                want = engine_install.plan(spec, state, hardware=hardware)
+                if (state.current.version, state.current.build) != (want.version, want.build):
                     jobs.append(self.start(lane, action="update"))
         return jobs
 
@@ -112,6 +127,7 @@ class EngineJobs:
                 store=self.store,
                 bus=self.bus,
                 version=job.version,
+                build=job.build,
                 engine_python=self.settings.engine_python,
                 job=job.id,
                 on_line=job.lines.append,

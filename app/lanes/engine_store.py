@@ -2,9 +2,10 @@
 
 Layout under the data dir (`SWITCHYARD_HOME/engines`):
 
-    engines/<lane>/<version>/   a virtual environment holding that version of the engine
-    engines/<lane>/state.json   {"current", "previous", "pinned"}, written atomically
-    engines/<lane>/.lock        held while one process changes that lane's engine
+    engines/<lane>/<version>/          a virtual environment holding that version of the engine
+    engines/<lane>/<version>-<build>/  the same, for an engine with several builds (mistral.rs, MLX)
+    engines/<lane>/state.json          {"current", "previous", "pinned"}, written atomically
+    engines/<lane>/.lock               held while one process changes that lane's engine
 
 A version folder counts only once `state.json` records it: an install that failed or was cut off leaves a
 folder nobody runs, and the next install or removal deletes it. Reading never changes anything.
@@ -26,10 +27,21 @@ from typing import Any
 
 from app.core.errors import EngineStateError, UnknownEngineError
 from app.core.paths import Paths
+from app.hardware.build_choice import BUILDS
 
 MANIFEST = Path(__file__).with_name("engines.toml")
 # PEP 440 public and local versions, as a folder name: no separators, nothing that climbs out of a folder
 _VERSION = re.compile(r"^[0-9][0-9A-Za-z.!+_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """One build of an engine (a `builds` entry): the distribution that carries it, or the companions."""
+
+    build: str  # one of app.hardware.build_choice.BUILDS
+    dist: str  # the distribution whose version is the engine's version in this build
+    version: str | None = None  # its pinned version where it differs from the engine's (a lagging wheel)
+    also: tuple[str, ...] | None = None  # None: the engine's own `also`
 
 
 @dataclass(frozen=True)
@@ -43,11 +55,42 @@ class EngineSpec:
     also: tuple[str, ...] = ()
     worker: tuple[str, ...] = ()
     verify_import: bool = True
+    builds: dict[str, BuildSpec] = field(default_factory=dict)  # empty: one package for every machine
 
-    def requirements(self, version: str) -> list[str]:
-        """What pip installs for `version`: companions keep their pins only at the manifest's version."""
-        also = self.also if version == self.version else tuple(_unpinned(r) for r in self.also)
-        return [f"{self.dist}=={version}", *also, *self.worker]
+    def requirements(self, version: str, build: str | None = None) -> list[str]:
+        """What pip installs for `version` of `build` (None: the engine's one build): companions keep
+        their pins only at the manifest's version of that build."""
+        b = self.builds.get(build) if build else None
+        also = self.also if b is None or b.also is None else b.also
+        if version != self.default_version(build):
+            also = tuple(_unpinned(r) for r in also)
+        return [f"{self.dist_for(build)}=={version}", *also, *self.worker]
+
+    def dist_for(self, build: str | None) -> str:
+        b = self.builds.get(build) if build else None
+        return b.dist if b is not None else self.dist
+
+    def default_version(self, build: str | None) -> str:
+        """The manifest's version for `build`: the build's own pin where its wheel lags, else the engine's."""
+        b = self.builds.get(build) if build else None
+        return b.version if b is not None and b.version else self.version
+
+    def check_build(self, build: str) -> str:
+        """`build` when this engine has a package for it; else EngineStateError listing the valid ones."""
+        if not self.builds:
+            several = ", ".join(lane for lane, s in load_manifest().items() if s.builds)
+            raise EngineStateError(
+                f"{self.lane} has one build ({self.dist}, the same for every machine); leave out --build "
+                f"(it applies to {several})",
+                param="build",
+            )
+        if build not in self.builds:
+            what = "no package for that build" if build in BUILDS else "no such build"
+            raise EngineStateError(
+                f"{build!r} is not a build of {self.lane} ({what}); its builds are {', '.join(self.builds)}",
+                param="build",
+            )
+        return build
 
 
 def _unpinned(requirement: str) -> str:
@@ -70,7 +113,27 @@ def load_manifest(path: Path = MANIFEST) -> dict[str, EngineSpec]:
             also=tuple(e.get("also", ())),
             worker=tuple(e.get("worker", ())),
             verify_import=bool(e.get("verify_import", True)),
+            builds=_builds(lane, str(e["dist"]), e.get("builds", {})),
         )
+    return out
+
+
+def _builds(lane: str, dist: str, raw: dict[str, Any]) -> dict[str, BuildSpec]:
+    """A `builds` table: build -> "dist", or {dist?, version?, also?} (dist defaults to the engine's)."""
+    out: dict[str, BuildSpec] = {}
+    for build, entry in raw.items():
+        if build not in BUILDS:
+            raise ValueError(f"engines.toml: {lane} names build {build!r}; builds are {', '.join(BUILDS)}")
+        e = {"dist": entry} if isinstance(entry, str) else dict(entry)
+        also = e.get("also")
+        out[build] = BuildSpec(
+            build=build,
+            dist=str(e.get("dist") or dist),
+            version=check_version(str(e["version"])) if e.get("version") else None,
+            also=tuple(also) if also is not None else None,
+        )
+    if out and "cpu" not in out:  # the build a machine without a usable GPU falls back to
+        raise ValueError(f"engines.toml: {lane} has builds but no cpu build")
     return out
 
 
@@ -101,6 +164,9 @@ class InstalledVersion:
     installed_at: float
     requirements: tuple[str, ...] = ()
     python: str = ""  # the interpreter's version inside the environment, e.g. "3.11.7"
+    # the build installed (a key of the engine's `builds`); None: the engine has one build, or it was
+    # installed before Switchyard recorded builds
+    build: str | None = None
 
     @classmethod
     def from_json(cls, raw: Any) -> InstalledVersion | None:
@@ -111,12 +177,16 @@ class InstalledVersion:
         folder = str(raw.get("dir") or raw["version"])
         if Path(folder).name != folder or folder in (".", ".."):
             raise ValueError(f"'dir' must be a plain folder name, got {folder!r}")
+        build = raw.get("build")
+        if build is not None and build not in BUILDS:
+            raise ValueError(f"'build' must be one of {', '.join(BUILDS)} or null, got {build!r}")
         return cls(
             version=raw["version"],
             dir=folder,
             installed_at=float(raw.get("installed_at", 0)),
             requirements=tuple(raw.get("requirements", ())),
             python=str(raw.get("python", "")),
+            build=build,
         )
 
 

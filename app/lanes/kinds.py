@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.core.errors import EngineUnavailableError, NoLaneForFormatError
 from app.core.settings import Settings
 from app.hardware.model import Hardware
+from app.lanes.compat import LlamaCompatKind
 from app.lanes.cuda import SGLANG, VLLM
 from app.lanes.kind import EngineKind
 from app.lanes.llamaserver import LlamaRuntimesKind
@@ -22,6 +23,7 @@ def engine_kinds() -> dict[str, EngineKind]:
     """Stateless kind objects in the canonical lane order (the Python-packaged ones are frozen instances)."""
     kinds: list[EngineKind] = [
         LlamaRuntimesKind(),  # llama.cpp on the runtime chosen for this machine
+        LlamaCompatKind(),  # a second llama.cpp build, for architectures the first does not load
         MISTRALRS,
         MLX,
         VLLM,
@@ -77,11 +79,21 @@ def choose_kind(
     for kind in candidates:
         refusal = kind.start_refusal(settings, hardware)
         if refusal is None:
+            refusal = _architecture_refusal(kind, entry, settings, hardware)
+        if refusal is None:
             return kind
         why.append(f"{title(kind.lane)}: {refusal}")
     hints = "; ".join(install_hint(k.lane) for k in candidates if not k.install(settings).installed)
     todo = f" To fix: {hints}." if hints else ""
     raise EngineUnavailableError(f"no lane can start {entry.id!r} here ({'; '.join(why)}).{todo}")
+
+
+def _architecture_refusal(
+    kind: EngineKind, entry: ModelEntry, settings: Settings, hardware: Hardware | None
+) -> str | None:
+    """A llama.cpp build's answer on the model's architecture (app/lanes/compat.py; None elsewhere)."""
+    ask = getattr(kind, "architecture_refusal", None)
+    return ask(entry, settings, hardware) if ask is not None else None
 
 
 def default_kind(entry: ModelEntry, kinds: dict[str, EngineKind]) -> EngineKind | None:

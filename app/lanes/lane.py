@@ -49,6 +49,7 @@ from app.lanes.lane_machine import (
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import EngineProcess, LogRing
 from app.lanes.target import Progress, Requests, refusal_error
+from app.routing.engines import LLAMA_ENGINES
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
@@ -235,7 +236,7 @@ class Lane:
     def slot_context(self) -> tuple[int, int, int] | None:
         """(tokens per request, total context, parallel slots) of a llama.cpp plan; other engines check the
         prompt length themselves (None)."""
-        if self.plan is None or self.plan.engine != "llama.cpp":
+        if self.plan is None or self.plan.engine not in LLAMA_ENGINES:
             return None
         p = self.plan.params
         if p.ctx_size <= 0 or p.parallel <= 0:
@@ -245,7 +246,7 @@ class Lane:
     async def sees_images(self, http: aiohttp.ClientSession) -> bool | None:
         """Whether the running engine has a vision projector loaded (llama.cpp's /props), asked once per
         engine process; other engines answer for themselves (None)."""
-        if self.engine != "llama.cpp":
+        if self.engine not in LLAMA_ENGINES:
             return None
         key = self.proc.pid if self.proc is not None else None
         if self._vision is not None and self._vision[0] == key:
@@ -452,7 +453,7 @@ class Lane:
         (llama.cpp's buffer lines) and stdout (the ready line) are separate pipes, so those lines may
         trail readiness."""
         # only llama.cpp logs its buffer sizes; other kinds are measured by their resident memory alone
-        llama = self.plan is not None and self.plan.engine == "llama.cpp"
+        llama = self.plan is not None and self.plan.engine in LLAMA_ENGINES
         deadline = time.monotonic() + (FOOTPRINT_WAIT_S if llama else 0)
         while self.measured is not None and self.measured.empty and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

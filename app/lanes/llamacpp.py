@@ -6,8 +6,10 @@ process) and a `llama-server` binary found on PATH or configured.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -237,9 +239,12 @@ def build_plan(
     free_port: int,
     hardware: Hardware | None = None,
     used: Mapping[str, int] | None = None,
+    engine: EnginePython | None = None,
 ) -> LaunchPlan:
-    """The command and parameters for this model; refuses a model that does not fit this machine."""
-    runtime = choose_runtime(settings)
+    """The command and parameters for this model; refuses a model that does not fit this machine.
+    `engine`: the xllamacpp interpreter to run (a capability build, app/lanes/compat.py); default:
+    the lane's own."""
+    runtime = "xllamacpp" if engine is not None else choose_runtime(settings)
     fit = None
     if hardware is not None:
         report = fit_for(entry, settings, hardware=hardware, used=used)
@@ -255,7 +260,7 @@ def build_plan(
     env = settings_env(settings, kind="llama.cpp")
     env["PYTHONUNBUFFERED"] = "1"
     if runtime == "xllamacpp":
-        engine = xllamacpp()
+        engine = engine or xllamacpp()
         env = engine_process_env(env, engine, worker=True)
         argv = worker_argv(params, ppid=ppid, engine=engine)
         return LaunchPlan(
@@ -267,6 +272,27 @@ def build_plan(
     return LaunchPlan(
         runtime=runtime, argv=argv, env=env, health_path="/health", port=free_port, params=params, fit=fit
     )
+
+
+def binary_plan(
+    entry: ModelEntry,
+    settings: Settings,
+    binary: str,
+    *,
+    ppid: int,
+    free_port: int,
+    hardware: Hardware | None,
+    used: Mapping[str, int] | None,
+) -> LaunchPlan:
+    """llama-server at `binary` (a release asset, PATH, or a capability build), its shared libraries
+    beside it."""
+    pinned = dataclasses.replace(settings, runtime="llama-server", llama_server_path=binary)
+    plan = build_plan(entry, pinned, ppid=ppid, free_port=free_port, hardware=hardware, used=used)
+    env = dict(plan.env)
+    libdir = str(Path(binary).parent)
+    var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
+    env[var] = f"{libdir}:{env[var]}" if env.get(var) else libdir
+    return dataclasses.replace(plan, env=env)
 
 
 class LlamaCppKind:

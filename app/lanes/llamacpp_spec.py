@@ -125,7 +125,7 @@ def with_draft(entry: ModelEntry, settings: Settings, library: Iterable[ModelEnt
     spec = speculation_for(entry.id, settings)
     if spec.type != "draft":
         return entry
-    pairing = choose_draft(entry, library, named=spec.draft)
+    pairing = choose_draft(entry, library, named=spec.draft, formats=("gguf",))  # llama.cpp loads GGUFs
     if pairing.draft is None:
         raise ModelBrokenError(
             f"cannot start {entry.id!r} with a draft model: {pairing.reason}; name a draft with the same "

@@ -56,7 +56,10 @@ def _common_params(x: Any, p: LlamaParams) -> Any:
     cp.n_gpu_layers = p.gpu_layers
     cp.endpoint_slots = True
     cp.endpoint_metrics = True
-    cp.hostnames = ["127.0.0.1"]
+    if hasattr(cp, "hostnames"):
+        cp.hostnames = ["127.0.0.1"]
+    else:  # xllamacpp before 2026.5 listens on one `hostname`
+        cp.hostname = "127.0.0.1"
     cp.port = 0
     cp.cache_ram_mib = p.cache_ram_mib
     if p.slot_save_path:

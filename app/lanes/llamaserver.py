@@ -20,7 +20,7 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.lanes import containers
-from app.lanes.llamacpp import LlamaCppKind, build_plan, llama_server_argv
+from app.lanes.llamacpp import LlamaCppKind, binary_plan, build_plan, llama_server_argv
 from app.lanes.plan import LaunchPlan
 from app.lanes.runtimes import RuntimeChoice, choose_runtime
 from app.lanes.worker_params import LlamaParams
@@ -50,28 +50,60 @@ class _Start:
 
 def _binary_plan(entry: ModelEntry, settings: Settings, binary: str, at: _Start) -> LaunchPlan:
     """llama-server at `binary` (a release asset or PATH), its shared libraries beside it."""
-    pinned = dataclasses.replace(settings, runtime="llama-server", llama_server_path=binary)
-    plan = at.plan(entry, pinned)
-    env = dict(plan.env)
-    libdir = str(Path(binary).parent)
-    var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
-    env[var] = f"{libdir}:{env[var]}" if env.get(var) else libdir
-    return dataclasses.replace(plan, env=env)
+    return binary_plan(
+        entry, settings, binary, ppid=at.ppid, free_port=at.free_port, hardware=at.hardware, used=at.used
+    )
+
+
+def _mounted_file(path: Path) -> tuple[Path, PurePosixPath]:
+    """The host folder a container needs for the model file at `path`, and the file's path inside it.
+    A file in a Hugging Face snapshot (from a subfolder too) links into the repository's blobs/, and a
+    link elsewhere may point out of its folder: `containers.model_mount` finds the folder that holds the
+    links and their targets, or refuses links that reach too far. A plain file needs only its own folder,
+    which is not walked (it may be a large shared one)."""
+    snapshot = next(
+        (
+            f
+            for f in path.parents
+            if f.parent.name == "snapshots" and f.parent.parent.name.startswith("models--")
+        ),
+        None,
+    )
+    folder = snapshot or (path.parent if path.is_symlink() else None)
+    if folder is None:
+        return path.parent, PurePosixPath(path.name)
+    mount, inside = containers.model_mount(folder)
+    where = PurePosixPath(inside).relative_to(mount.container)
+    return Path(mount.host), where.joinpath(*path.relative_to(folder).parts)
 
 
 def _in_container(params: LlamaParams) -> tuple[LlamaParams, tuple[containers.Mount, ...]]:
-    """The params as the container sees them (model and projector under read-only mounts)."""
-    model = Path(params.model_path)
-    mounts = [containers.Mount(str(model.parent), MODELS_MOUNT)]
+    """The params as the container sees them: the model's folder (`_mounted_file`) read-only under
+    /models; the projector's under /mmproj, a draft model's and LoRA adapters' under /extra-N, each under a
+    mount already made when it is the same folder."""
+    host, where = _mounted_file(Path(params.model_path))
+    mounts = [containers.Mount(str(host), MODELS_MOUNT)]
+
+    def place(path: str, root: str) -> str:
+        file_host, file_where = _mounted_file(Path(path))
+        mount = next((m for m in mounts if m.host == str(file_host)), None)
+        if mount is None:
+            mount = containers.Mount(str(file_host), root)
+            mounts.append(mount)
+        return str(PurePosixPath(mount.container, file_where))
+
     inside = dataclasses.replace(
         params,
-        model_path=str(PurePosixPath(MODELS_MOUNT) / model.name),
+        model_path=str(PurePosixPath(MODELS_MOUNT, where)),
         slot_save_path="",  # the bank's folder stays on the host: no slot files from a container
     )
     if params.mmproj_path:
-        proj = Path(params.mmproj_path)
-        mounts.append(containers.Mount(str(proj.parent), PROJECTOR_MOUNT))
-        inside = dataclasses.replace(inside, mmproj_path=str(PurePosixPath(PROJECTOR_MOUNT) / proj.name))
+        inside = dataclasses.replace(inside, mmproj_path=place(params.mmproj_path, PROJECTOR_MOUNT))
+    if params.draft_path:
+        inside = dataclasses.replace(inside, draft_path=place(params.draft_path, "/extra-draft"))
+    if params.lora_paths:
+        loras = tuple(place(p, f"/extra-lora-{i}") for i, p in enumerate(params.lora_paths))
+        inside = dataclasses.replace(inside, lora_paths=loras)
     return inside, tuple(mounts)
 
 
@@ -148,6 +180,18 @@ def plan_for(
     return dataclasses.replace(plan, runtime=runtime, notes=(*plan.notes, *skipped, note))
 
 
+def _refused_here(settings: Settings, hardware: Hardware | None) -> frozenset[str]:
+    """The architectures this build was asked about and refused (only while a capability build is
+    registered: otherwise nothing is asked)."""
+    from app.lanes import compat
+
+    if compat.registered() is None:
+        return frozenset()
+    base = compat.default_build(settings, hardware)
+    answers = compat.cache().answers(base) if base is not None else {}
+    return frozenset(n for n, ok in answers.items() if not ok)
+
+
 class LlamaRuntimesKind(LlamaCppKind):
     """LlamaCppKind whose runtime is chosen by `app.lanes.runtimes` (docker, podman, bin, path, wheel)."""
 
@@ -159,11 +203,24 @@ class LlamaRuntimesKind(LlamaCppKind):
         if choice.runtime is None:
             return LaneInstall(self.lane, False, None, note=choice.refusal())
         build = f"runtime {choice.runtime}, {build_title(choice.build)}: {choice.why}"
+        refused = _refused_here(settings, hardware)
         if choice.runtime == "xllamacpp":
             wheel = super().install(dataclasses.replace(settings, runtime="xllamacpp"))
-            return dataclasses.replace(wheel, note="; ".join(x for x in (wheel.note, build) if x))
+            note = "; ".join(x for x in (wheel.note, build) if x)
+            return dataclasses.replace(wheel, note=note, rejected_architectures=refused)
         where = choice.image if choice.image else choice.binary
-        return LaneInstall(self.lane, True, f"llama-server at {where}", note=build)
+        return LaneInstall(
+            self.lane, True, f"llama-server at {where}", note=build, rejected_architectures=refused
+        )
+
+    def architecture_refusal(
+        self, entry: ModelEntry, settings: Settings, hardware: Hardware | None
+    ) -> str | None:
+        """Why this build will not load `entry`'s architecture; asked only while a capability build is
+        registered (app/lanes/compat.py), else the engine is left to try."""
+        from app.lanes.compat import default_refuses
+
+        return default_refuses(entry, settings, hardware)
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
         install = self.install_on(settings, hardware)

@@ -5,6 +5,7 @@ Fields this lane cannot honour are refused with a 400 that says so, never droppe
 exception is `seed`, which clients send by habit: the Python Runner takes a seed only when it loads.
 The grammar field has mistral.rs's own server's shape, `{"type": "regex"|"lark"|"json_schema"|
 "llguidance", "value": ...}`; `response_format` json_object / json_schema is turned into one.
+`LaneParams` is what the worker is started with: MistralRsParams and the Runner's speculation.
 """
 
 from __future__ import annotations
@@ -15,9 +16,21 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.lanes.worker_params import MistralRsParams
+
 GRAMMAR_TYPES = ("regex", "lark", "json_schema", "llguidance")
 _FINISH = {"stop", "length", "tool_calls", "content_filter"}
 _ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class LaneParams(MistralRsParams):
+    """The worker's params: the model, and the speculation the Runner loads with (docs/engines.md, the
+    mistral.rs lane): an MTP assistant's folder, `mtp_model` ("": none), and the tokens it proposes per
+    step, `mtp_n_predict` (0: the assistant's own default)."""
+
+    mtp_model: str = ""
+    mtp_n_predict: int = 0
 
 
 class BadBody(ValueError):

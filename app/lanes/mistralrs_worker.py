@@ -8,6 +8,9 @@ stream stops its generation, which is what a client that hangs up gets. A comple
 call in the Python API: it runs whole under the lock, and a `stream: true` completion arrives as one
 text event (a client that hangs up cannot stop it). Request translation is in mistralrs_api.py.
 
+With `mtp_model` set the Runner loads an MTP assistant beside the model and drafts with it (speculative
+decoding; mistral.rs checks every drafted token with the model, so the answer is the model's own).
+
 Exit codes: 0 SIGTERM, 3 the server is gone, 4 the model is missing, 5 mistral.rs could not load it.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -30,7 +34,7 @@ from aiohttp import web
 from app.lanes import mistralrs_api as api
 from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.worker_http import error, guard_parent, log, serve
-from app.lanes.worker_params import MistralRsParams, worker_command_line
+from app.lanes.worker_params import worker_command_line
 
 _GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
@@ -241,8 +245,9 @@ def make_app(engine: Engine) -> web.Application:
     return app
 
 
-def load(params: MistralRsParams) -> tuple[Any, Any]:
-    """(the mistralrs module, a Runner holding the model); raises what mistralrs raises."""
+def load(params: api.LaneParams) -> tuple[Any, Any]:
+    """(the mistralrs module, a Runner holding the model and, when `mtp_model` names one, its MTP
+    assistant); raises what mistralrs raises."""
     import mistralrs
 
     path = Path(params.model_path)
@@ -254,8 +259,34 @@ def load(params: MistralRsParams) -> tuple[Any, Any]:
         )
     else:
         which = mistralrs.Which.Plain(model_id=str(path))
+    speculation: dict[str, Any] = {}
+    if params.mtp_model:
+        speculation["mtp_model"] = params.mtp_model
+        if params.mtp_n_predict > 0:
+            speculation["mtp_n_predict"] = params.mtp_n_predict
     # token_source "none": a local model needs no Hugging Face token, so none is read from disk
-    return mistralrs, mistralrs.Runner(which=which, max_seqs=max(1, params.max_seqs), token_source="none")
+    runner = mistralrs.Runner(
+        which=which, max_seqs=max(1, params.max_seqs), token_source="none", **speculation
+    )
+    return mistralrs, runner
+
+
+def engine_message(exc: BaseException) -> str:
+    """The engine's words without the Rust backtrace mistral.rs appends under RUST_BACKTRACE (the lane
+    shows the log's last lines: the reason must be among them)."""
+    return re.split(r"\n\s*0: ", str(exc), maxsplit=1)[0].strip() or type(exc).__name__
+
+
+def _speculation_line(params: api.LaneParams) -> str:
+    per_step = params.mtp_n_predict or "the assistant's own number of"
+    return f"speculative decoding on: MTP assistant {params.mtp_model}, {per_step} tokens proposed per step"
+
+
+def _log_load_failure(params: api.LaneParams, exc: BaseException) -> None:
+    log(f"mistral.rs could not load {params.model_path}: {type(exc).__name__}: {engine_message(exc)}")
+    if params.mtp_model:
+        off = f'model_overrides[{params.alias!r}].speculative to {{"type": "off"}}'
+        log(f"it was asked to draft with the MTP assistant {params.mtp_model}: set {off} to load without it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ppid, params_json = worker_command_line("app.lanes.mistralrs_worker", argv)
     if not guard_parent(ppid):
         return 3
-    params = MistralRsParams.from_json(params_json)
+    params = api.LaneParams.from_json(params_json)
     if not Path(params.model_path).exists():
         log(f"the model is not there: {params.model_path}")
         return 4
@@ -275,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # mistralrs raises ValueError, RuntimeError or a Rust panic on a bad model
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
-        log(f"mistral.rs could not load {params.model_path}: {type(exc).__name__}: {exc}")
+        _log_load_failure(params, exc)
         return 5
+    if params.mtp_model:
+        log(_speculation_line(params))
     # a thread per waiting call: a stream queued behind `max_seqs` running ones blocks in next() until it is
     # scheduled, and must not take the thread a running stream needs to read its tokens (threads start lazily)
     engine = Engine(runner, module, model=params.alias, threads=256)

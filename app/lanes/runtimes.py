@@ -1,11 +1,16 @@
-"""Which llama.cpp runtime a lane starts on: docker, podman, bin, path or xllamacpp, tried in order.
+"""Which runtime a lane starts on, tried in order, with the reason for every runtime passed over.
 
-`runtime = "auto"` tries `runtime_order` (docker, podman, bin, path, xllamacpp by default) and takes the
-first that can run here; any other value tries that one alone. `SWITCHYARD_RUNTIME` overrides the setting.
-Every step passed over keeps its reason (no docker daemon, no GPU runtime, no asset for this platform,
-not downloaded, offline), so doctor and `engine ls` say why, and the lane start logs it.
+llama.cpp: `runtime = "auto"` tries `runtime_order` (docker, podman, bin, path, xllamacpp by default) and
+takes the first that can run here; any other value tries that one alone. `SWITCHYARD_RUNTIME` overrides
+the setting. Every step passed over keeps its reason (no docker daemon, no GPU runtime, no asset for this
+platform, not downloaded, offline), so doctor and `engine ls` say why, and the lane start logs it.
 
-Nothing here downloads or pulls: `bin` counts only once its release is in the engines folder
+sd-server (stable-diffusion.cpp): after a configured `sd_server_path`, `bin` (the pinned release) and
+`path`, in the order the setting gives them. vLLM and SGLang: their Python package, else (auto) the
+upstream image through docker or podman; `runtime = "docker"` or `"podman"` runs the image even where the
+package is installed.
+
+Nothing here downloads or pulls at a start: `bin` counts only once its release is in the engines folder
 (`pull_only`, run by `switchyard serve --pull-only`), so a request never waits on an engine download.
 """
 
@@ -25,12 +30,20 @@ from app.core.settings import RUNTIME_ORDER, RUNTIMES, Settings
 from app.hardware.build_choice import Backend, backend_for
 from app.hardware.model import Hardware
 from app.hardware.probe import probe
+from app.lanes.containers import load_images
 from app.lanes.llamacpp import find_llama_server, xllamacpp_available
 from app.lanes.release_fetch import Installed, ReleaseFetcher, ReleaseSpec, load_releases, platform_key
+from app.library.opening import opened_catalog
+from app.routing.engines import SD_CPP, title
+from app.routing.model import LaneInstall
+from app.routing.traits import traits_of
 
 ENV_VAR = "SWITCHYARD_RUNTIME"
 CONTAINER_CLIS = ("docker", "podman")
 LLAMA_SERVER = "llama-server"
+SD_SERVER = "sd-server"
+SD_RUNTIMES = ("bin", "path")  # sd.cpp has no wheel and no image of its own
+PACKAGE = "package"  # vLLM's and SGLang's Python package, in its engine environment or this one
 Which = Callable[[str], str | None]
 
 
@@ -54,11 +67,12 @@ class RuntimeChoice:
     why: str
     steps: tuple[Step, ...]
     binary: str | None = None  # bin, path
-    image: str | None = None  # docker, podman
+    image: str | None = None  # docker, podman (a repository without a tag until the build is known)
+    engine: str = "llama.cpp"  # how refusals name the engine
 
     def refusal(self) -> str:
         tried = "; ".join(f"{s.runtime}: {s.skipped}" for s in self.steps if s.skipped)
-        return f"no llama.cpp runtime can start here ({tried})"
+        return f"no {self.engine} runtime can start here ({tried})"
 
     def public(self) -> dict[str, Any]:
         return {
@@ -220,6 +234,157 @@ def choose_runtime(
     return RuntimeChoice(None, None, "nothing can run llama.cpp here", tuple(steps))
 
 
+# ---- vLLM and SGLang: the package, or the upstream image -------------------------------------------
+def _engine_order(settings: Settings, env: Mapping[str, str] | None) -> tuple[str, ...]:
+    wanted = runtime_setting(settings, env)
+    if wanted in CONTAINER_CLIS:
+        return (wanted,)
+    if wanted == "auto":
+        return (PACKAGE, *(r for r in runtime_order(settings, env) if r in CONTAINER_CLIS))
+    return (PACKAGE,)  # bin, path, xllamacpp: llama.cpp's runtimes; these engines run from their package
+
+
+def _try_engine_container(
+    cli: str, lane: str, hardware: Hardware | None, *, which: Which
+) -> tuple[str | None, str | None, str | None]:
+    """(image, build, None) when `cli` can run the lane's image on an NVIDIA card, else (None, None, why).
+    Without `hardware` (an install check) the image is the repository alone: the tag follows the card's
+    driver, known at the start."""
+    spec = load_images()[lane]
+    found = which(cli)
+    if found is None:
+        return None, None, f"{cli} is not on PATH"
+    info = container_info(cli, found)
+    if info is None:
+        return None, None, f"no {cli} daemon answers (`{cli} info` failed)"
+    if (problem := _container_gpu_problem(cli, "cuda12", info.lower())) is not None:
+        return None, None, problem
+    if hardware is None:
+        return spec.image, None, None
+    backend = backend_for(hardware)
+    image = spec.image_for(backend.build)
+    if image is None:
+        builds = ", ".join(sorted(spec.tags))
+        return None, None, f"no {title(lane)} image for the {backend.build} build (there is one for {builds})"
+    return image, backend.build, None
+
+
+def choose_engine_runtime(
+    lane: str,
+    settings: Settings,
+    *,
+    package: LaneInstall,
+    hardware: Hardware | None,
+    env: Mapping[str, str] | None = None,
+    which: Which = shutil.which,
+) -> RuntimeChoice:
+    """How vLLM or SGLang starts here: its Python package (`package` says whether it is installed), else,
+    in `auto` or where the setting names one, its upstream image through docker or podman."""
+    steps: list[Step] = []
+    for rt in _engine_order(settings, env):
+        if rt == PACKAGE:
+            why = None if package.installed else (package.note or f"{lane} is not installed")
+            if why is None:
+                steps.append(Step(rt, None))
+                why_package = package.version or f"the {lane} package"
+                return RuntimeChoice(rt, None, why_package, tuple(steps), engine=title(lane))
+        else:
+            image, build, why = _try_engine_container(rt, lane, hardware, which=which)
+            if image is not None:
+                steps.append(Step(rt, None))
+                why_image = f"the upstream image {image}"
+                if steps and steps[0].runtime == PACKAGE:  # auto, and the package is not here
+                    why_image = f"{title(lane)} is not installed as a package, so {why_image} runs"
+                return RuntimeChoice(rt, build, why_image, tuple(steps), image=image, engine=title(lane))
+        steps.append(Step(rt, why))
+    return RuntimeChoice(None, None, f"nothing can run {title(lane)} here", tuple(steps), engine=title(lane))
+
+
+def engine_install(
+    lane: str,
+    settings: Settings,
+    *,
+    package: LaneInstall,
+    env: Mapping[str, str] | None = None,
+    which: Which = shutil.which,
+) -> LaneInstall:
+    """What the vLLM or SGLang lane reports: its package when that runs it, else the image a container
+    CLI can run, else why neither can (the package's own words first: they say what to install)."""
+    choice = choose_engine_runtime(lane, settings, package=package, hardware=None, env=env, which=which)
+    if choice.runtime == PACKAGE:
+        return package
+    if choice.runtime is not None:
+        where = f"{choice.image} through {choice.runtime}"
+        return LaneInstall(lane, True, where, note=f"runtime {choice.runtime}: {choice.why}")
+    containers = [s for s in choice.steps if s.runtime != PACKAGE and s.skipped]
+    if len(containers) == len(choice.steps):  # docker or podman was asked for by name
+        return LaneInstall(lane, False, package.version, note=choice.refusal())
+    tried = "; ".join(f"{s.runtime}: {s.skipped}" for s in containers)
+    note = package.note + (f"; nor can a container run its image ({tried})" if tried else "")
+    return LaneInstall(lane, False, package.version, note=note)
+
+
+# ---- sd-server: a configured path, the pinned release, PATH -----------------------------------------
+def sd_release() -> ReleaseSpec:
+    return load_releases()[SD_SERVER]
+
+
+def sd_order(settings: Settings, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Where sd-server is looked for when `sd_server_path` is not set: bin and path in the order the
+    runtime setting gives them; a setting that names neither (docker, podman and xllamacpp are llama.cpp's
+    alone) looks in both, the release first."""
+    return tuple(r for r in runtime_order(settings, env) if r in SD_RUNTIMES) or SD_RUNTIMES
+
+
+def sd_key(hardware: Hardware) -> tuple[str, str]:
+    """The sd-server asset's platform key here, and why: the build's own where upstream ships one, else
+    the CPU build for the same system (an image lane has no other way to run)."""
+    backend = backend_for(hardware)
+    key = platform_key(hardware.os, hardware.arch, backend.build)
+    if sd_release().asset(key) is not None or backend.build == "cpu":
+        return key, backend.reason
+    cpu = platform_key(hardware.os, hardware.arch, "cpu")
+    return cpu, f"{backend.reason}; stable-diffusion.cpp ships no {backend.build} build here: the CPU build"
+
+
+def find_sd_release(hardware: Hardware, *, fetcher: ReleaseFetcher) -> tuple[Installed | None, str | None]:
+    """The pinned sd-server release when it is in the engines folder, else why not; never downloads."""
+    spec = sd_release()
+    key, _why = sd_key(hardware)
+    if spec.asset(key) is None:
+        return None, f"stable-diffusion.cpp {spec.tag} has no sd-server asset for this platform ({key})"
+    hit = fetcher.cached(spec, key=key)
+    if hit is None:
+        offline = "; offline" if fetcher.offline else ""
+        return None, (
+            f"stable-diffusion.cpp {spec.tag} ({key}) is not downloaded{offline}: "
+            "run `switchyard serve --pull-only`"
+        )
+    return hit, None
+
+
+def sd_needed(settings: Settings) -> list[str]:
+    """The library's models that run on the sd.cpp lane (diffusers folders, diffusion GGUFs)."""
+    with opened_catalog(settings, Paths.from_env(), notice=lambda _text: None) as (_library, catalog):
+        return sorted(e.id for e in catalog.scan() if SD_CPP in traits_of(e.model_format()).candidates)
+
+
+def _pull_sd(settings: Settings, hardware: Hardware, fetcher: ReleaseFetcher) -> str:
+    if settings.sd_server_path:
+        return f"sd-server: sd_server_path is set ({settings.sd_server_path}): nothing to pull"
+    if "bin" not in sd_order(settings):
+        return "sd-server: the runtime setting does not use a downloaded release: nothing to pull"
+    models = sd_needed(settings)
+    if not models:
+        return "sd-server: no model in the library runs on stable-diffusion.cpp: nothing to pull"
+    key, why = sd_key(hardware)
+    got = fetcher.fetch(sd_release(), key=key)
+    return (
+        f"stable-diffusion.cpp {got.tag} ({key}, {why}) for {', '.join(models[:3])}"
+        f"{' …' if len(models) > 3 else ''}: {got.binary} (sha256 {got.sha256[:12]}…)"
+    )
+
+
 def pull_only(
     settings: Settings,
     hardware: Hardware | None,
@@ -227,18 +392,25 @@ def pull_only(
     fetcher: ReleaseFetcher | None = None,
     tag: str | None = None,
 ) -> list[str]:
-    """Fetch the llama.cpp release the `bin` runtime would run (`serve --pull-only`); lines to print.
+    """Fetch the releases the `bin` runtime would run (`serve --pull-only`); lines to print: llama.cpp's,
+    and sd-server's when a model in the library runs on the sd.cpp lane.
 
-    `tag` (`engine update --latest` passes "latest") wins over llama_cpp_version. Does nothing when `bin`
-    is not among the runtimes to try. Errors (offline, no asset, a bad digest) raise, so the command exits
-    non-zero and says what to do; a failed update leaves the release already there in use."""
-    if "bin" not in runtime_order(settings):
-        return [f"runtime {runtime_setting(settings)!r} does not use a downloaded llama.cpp: nothing to pull"]
+    `tag` (`engine update --latest` passes "latest") wins over llama_cpp_version; sd-server is always its
+    pin. A binary whose runtimes leave out `bin` is not pulled. Errors (offline, no asset, a bad digest)
+    raise, so the command exits non-zero and says what to do; a failed update leaves the release already
+    there in use."""
     hardware = machine_now(hardware)
-    backend = backend_for(hardware)
-    key = platform_key(hardware.os, hardware.arch, backend.build)
-    got = (fetcher or fetcher_for(settings)).fetch(llama_release(), key=key, tag=tag or _tag(settings))
-    return [f"llama.cpp {got.tag} ({key}, {backend.reason}): {got.binary} (sha256 {got.sha256[:12]}…)"]
+    fetcher = fetcher or fetcher_for(settings)
+    if "bin" not in runtime_order(settings):
+        lines = [
+            f"runtime {runtime_setting(settings)!r} does not use a downloaded llama.cpp: nothing to pull"
+        ]
+    else:
+        backend = backend_for(hardware)
+        key = platform_key(hardware.os, hardware.arch, backend.build)
+        got = fetcher.fetch(llama_release(), key=key, tag=tag or _tag(settings))
+        lines = [f"llama.cpp {got.tag} ({key}, {backend.reason}): {got.binary} (sha256 {got.sha256[:12]}…)"]
+    return [*lines, _pull_sd(settings, hardware, fetcher)]
 
 
 def doctor_rows(settings: Settings, hardware: Hardware | None) -> list[dict[str, Any]]:

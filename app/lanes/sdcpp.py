@@ -1,8 +1,10 @@
 """The stable-diffusion.cpp lane: `sd-server` behind `POST /v1/images/generations`.
 
-No wheel ships stable-diffusion.cpp, so the lane runs a binary the user built or downloaded: `sd_server_path`
-when set, else `sd-server` on PATH. Only `sd-server` speaks HTTP; the `sd` command-line tool is recognised
-so the note can say what is missing. sd-server loads the model before it listens, so readiness is its
+No wheel ships stable-diffusion.cpp, so the lane runs a binary: `sd_server_path` when set (that one alone),
+else the release pinned in engines.toml once `switchyard serve --pull-only` has put it in the engines folder
+(runtime `bin`), else `sd-server` on PATH (`path`), in the order the runtime setting gives those two
+(app/lanes/runtimes.py). Only `sd-server` speaks HTTP; the `sd` command-line tool is recognised so the note
+can say what is missing. sd-server loads the model before it listens, so readiness is its
 `GET /v1/models` answering. Its images API is OpenAI's shape with the sampling extras (steps, cfg, seed)
 embedded in the prompt; app/server/translate_images.py does that translation in the gateway.
 
@@ -16,6 +18,7 @@ import functools
 import os
 import shlex
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +31,18 @@ from app.hardware.model import Hardware
 from app.lanes.kind import find_binary
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import settings_env
+from app.lanes.release_fetch import Installed, ReleaseFetcher
+from app.lanes.runtimes import SD_SERVER, fetcher_for, find_sd_release, machine_now, sd_order
 from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
-BINARY = "sd-server"
+BINARY = SD_SERVER
 CLI_BINARY = "sd"
 HEALTH_PATH = "/v1/models"
 INSTALL_HINT = (
-    "build stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp: cmake builds sd-server beside sd) "
-    "and put sd-server on PATH, or set sd_server_path"
+    "run `switchyard serve --pull-only` to download the pinned stable-diffusion.cpp release, or build it "
+    "(github.com/leejet/stable-diffusion.cpp: cmake builds sd-server beside sd) and put sd-server on PATH, "
+    "or set sd_server_path"
 )
 # Companion files a diffusion-model-only GGUF needs, found beside it by name: (flag, words in the name).
 # The first flag whose words match a file claims it; a file with none of them is not a companion.
@@ -81,25 +87,71 @@ def binary_version(path: str) -> str | None:
     return _version(path, (st.st_mtime_ns, st.st_size))
 
 
-def find_sd_server(settings: Settings) -> str | None:
-    return find_binary(BINARY, settings.sd_server_path)
+@dataclass(frozen=True)
+class SDServer:
+    """Where sd-server was found: `runtime` is "configured" (sd_server_path), "bin" (the pinned release)
+    or "path"; `binary` None when nowhere, with the reason for every place passed over in `skipped`."""
+
+    binary: str | None
+    runtime: str | None
+    skipped: tuple[tuple[str, str], ...] = ()  # (runtime, why)
+    release: Installed | None = None
+
+    def missing(self) -> str:
+        """Why no sd-server was found, PATH first (the place most people look)."""
+        why = dict(self.skipped)
+        return "; ".join(why[rt] for rt in ("path", "bin") if rt in why)
 
 
-def sd_install(settings: Settings) -> LaneInstall:
-    exe = find_sd_server(settings)
+def locate_sd_server(
+    settings: Settings,
+    hardware: Hardware | None = None,
+    *,
+    fetcher: ReleaseFetcher | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SDServer:
+    """sd_server_path when set (that one alone: a path the user chose is not silently replaced), else the
+    release and PATH in `sd_order`. Never downloads."""
+    if settings.sd_server_path:
+        return SDServer(find_binary(BINARY, settings.sd_server_path), "configured")
+    skipped: list[tuple[str, str]] = []
+    for rt in sd_order(settings, env):
+        if rt == "bin":
+            hit, why = find_sd_release(machine_now(hardware), fetcher=fetcher or fetcher_for(settings))
+            if hit is not None:
+                return SDServer(str(hit.binary), rt, tuple(skipped), hit)
+        else:
+            exe = find_binary(BINARY, None)
+            if exe is not None:
+                return SDServer(exe, rt, tuple(skipped))
+            why = "no executable sd-server was found on PATH"
+        skipped.append((rt, str(why)))
+    return SDServer(None, None, tuple(skipped))
+
+
+def sd_install(settings: Settings, hardware: Hardware | None = None) -> LaneInstall:
+    found = locate_sd_server(settings, hardware)
+    exe = found.binary
     if exe is None:
-        where = f"at {settings.sd_server_path}" if settings.sd_server_path else "on PATH"
+        if settings.sd_server_path:
+            missing = f"no executable sd-server was found at {settings.sd_server_path}"
+        else:
+            missing = found.missing()
         cli = find_binary(CLI_BINARY, None) if not settings.sd_server_path else None
         if cli is not None:
             note = (
                 f"found sd (the command-line tool) at {cli}, but the lane needs sd-server, the HTTP server "
-                f"built with it; no executable sd-server {where}: {INSTALL_HINT}"
+                f"built with it ({missing}): {INSTALL_HINT}"
             )
         else:
-            note = f"no executable sd-server was found {where}: {INSTALL_HINT}"
+            note = f"{missing}: {INSTALL_HINT}"
         return LaneInstall("sd.cpp", False, None, note=note)
     version = binary_version(exe)
-    return LaneInstall("sd.cpp", True, f"{version or 'sd-server (version unknown)'} at {exe}")
+    where = f"{version or 'sd-server (version unknown)'} at {exe}"
+    if found.release is not None:
+        rel = found.release
+        return LaneInstall("sd.cpp", True, where, note=f"runtime bin: release {rel.tag}, asset {rel.asset}")
+    return LaneInstall("sd.cpp", True, where)
 
 
 def _has_vae(path: Path) -> bool:
@@ -163,7 +215,7 @@ class SDCppKind:
         return sd_install(settings)
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
-        install = self.install(settings)
+        install = sd_install(settings, hardware)
         return None if install.installed else install.note
 
     def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
@@ -179,10 +231,11 @@ class SDCppKind:
         hardware: Hardware | None,
         used: Mapping[str, int] | None,
     ) -> LaunchPlan:
-        exe = find_sd_server(settings)
+        found = locate_sd_server(settings, hardware)
+        exe = found.binary
         if exe is None:
             raise EngineUnavailableError(
-                f"cannot start {entry.id!r} on stable-diffusion.cpp: {sd_install(settings).note}"
+                f"cannot start {entry.id!r} on stable-diffusion.cpp: {sd_install(settings, hardware).note}"
             )
         flag, companions = model_args(entry)
         params = SDParams(
@@ -193,13 +246,21 @@ class SDCppKind:
             extra_args=tuple(shlex.split(settings.sd_extra_args)),
         )
         argv = sd_argv(exe, params, port=free_port, ppid=ppid)
+        env = settings_env(settings, kind=self.lane)
+        notes = tuple(f"runtime {rt} skipped: {why}" for rt, why in found.skipped)
+        if found.release is not None:  # the release's shared libraries sit beside the binary
+            var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
+            libdir = str(Path(exe).parent)
+            env[var] = f"{libdir}{os.pathsep}{env[var]}" if env.get(var) else libdir
+            notes += (f"sd-server from stable-diffusion.cpp {found.release.tag} ({found.release.asset})",)
         return LaunchPlan(
-            runtime="sd-server",
+            runtime="bin" if found.runtime == "bin" else "sd-server",
             argv=argv,
-            env=settings_env(settings, kind=self.lane),
+            env=env,
             health_path=HEALTH_PATH,
             port=free_port,
             params=params,
             engine=self.lane,
             memory=self.memory,
+            notes=notes,
         )

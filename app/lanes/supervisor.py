@@ -44,6 +44,7 @@ from app.lanes.kinds import choose_kind, default_kind, engine_kinds
 from app.lanes.lane import Lane, LaneState, lane_slug
 from app.lanes.llamacpp import fit_for
 from app.lanes.llamacpp_spec import with_draft
+from app.lanes.mistralrs import with_assistant
 from app.lanes.mlx import trained_context
 from app.lanes.plan import LaunchPlan
 from app.lanes.proc import LogRing
@@ -60,7 +61,7 @@ from app.lanes.residency import (
     settle_rss,
 )
 from app.library.catalog import Catalog, ModelEntry
-from app.routing.engines import title
+from app.routing.engines import LLAMA_ENGINES, title
 
 log = logging.getLogger("switchyard.supervisor")
 # side lanes: small models that load beside the text lane when their footprint fits, in both modes
@@ -177,8 +178,10 @@ class Supervisor:
         # re-read the catalog at each start: the file may have changed or vanished since
         fresh = self.catalog.get(entry.id)
         kind = self.kind_for(fresh)
-        if kind.lane == "llama.cpp":
+        if kind.lane in LLAMA_ENGINES:
             fresh = with_draft(fresh, self.settings, self.catalog.servable())
+        elif kind.lane == "mistral.rs":  # its draft is an MTP assistant, paired by the same tokenizer check
+            fresh = with_assistant(fresh, self.settings, self.catalog.servable(), hardware=self.hardware)
         hw = self.hardware
         if hw is not None:
             # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,
@@ -363,14 +366,14 @@ class Supervisor:
         try:
             entry = self.catalog.get(lane.model_id)
             engine = self.kind_for(entry).lane
-            if engine != "llama.cpp" and lane.kind in _SIDE_KINDS and engine != "mlx":
+            if engine not in LLAMA_ENGINES and lane.kind in _SIDE_KINDS and engine != "mlx":
                 # a speech model (whisper.cpp, piper) maps its files whole: their size until one is measured
                 size = sum(f.size for f in entry.files) or _size_of(entry.path)
                 guess = Footprint({"CPU": size}, "predicted") if size else None
                 if guess is not None:
                     self.predicted[lane.model_id] = guess
                 return guess
-            if engine != "llama.cpp":
+            if engine not in LLAMA_ENGINES:
                 return None  # runtime-managed kinds are known by their measured footprint only
             hw = dataclasses.replace(self.hardware, memory=read_memory())
             report = fit_for(entry, self.settings, hardware=hw, used=self.gpu_used(exclude=lane.id))

@@ -11,6 +11,9 @@ refuses them with "no lane for format X yet".
 `org/repo:QUANT` resolves to the HF cache GGUF of that repository with that quantization, and `org/repo`
 to its only GGUF model.
 Aliases recorded in the library (Library.add_alias) resolve to their model and are listed beside it.
+A LoRA adapter GGUF (`general.type = adapter`) is listed as an adapter (kind `adapter`, never servable on
+its own), paired with the library models llama.cpp would load it on (`adapter()`, pairing.pair_adapter);
+`get()` refuses it saying which model it loads with.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from app.core.errors import ModelBrokenError, ModelNotFoundError, NoLaneForFormatError
+from app.formats.gguf_adapter import AdapterFacts, adapter_refusal, read_adapter
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.library.model import FileInfo, ModelEntry, Origin
+from app.library.pairing import ADAPTER_KIND, AdapterPairing, pair_adapter
 from app.library.sources import import_entry, scan_hf_cache, scan_models_dir
 from app.library.store import HeaderKey, Library
 
@@ -44,6 +50,11 @@ class Catalog:
         self.hf_cache = hf_cache
         self._cache: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
         self._new_headers: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
+        # LoRA adapters: each GGUF without a layer count read once (None: not an adapter), each adapter
+        # checked against each model of its architecture once, by (path, size, mtime) of both files
+        self._adapter_facts: dict[HeaderKey, AdapterFacts | None] = {}
+        self._refusals: dict[tuple[HeaderKey, HeaderKey], str | None] = {}
+        self._adapters: dict[str, AdapterPairing] = {}
         self._entries: dict[str, ModelEntry] = {}
         self._aliases: dict[str, list[str]] = {}
         # one scan at a time (the gateway's run in a thread); when the last rescan for a miss began
@@ -54,10 +65,9 @@ class Catalog:
 
     def _read(self, path: Path) -> GGUFFacts | GGUFProblem:
         try:
-            st = path.stat()
+            key = _key(path)
         except OSError as exc:
             return GGUFProblem(f"cannot read the file: {exc.strerror or exc}")
-        key = (str(path), st.st_size, st.st_mtime_ns)
         if key not in self._cache:
             stored = self.library.header(key) if self.library is not None else None
             if stored is None:
@@ -124,9 +134,10 @@ class Catalog:
                 entries[f"{e.id}@{e.path}"] = e
                 continue
             entries[e.id] = e
+        self._adapters = self._mark_adapters(entries)
         aliases: dict[str, list[str]] = {}
         for e in entries.values():
-            if e.origin is None or e.format != "gguf" or "@" in e.id:
+            if e.origin is None or e.format != "gguf" or "@" in e.id or e.kind == ADAPTER_KIND:
                 continue
             aliases.setdefault(e.origin.repo, []).append(e.id)
             if e.quant:
@@ -140,6 +151,52 @@ class Catalog:
             )
         self._new_headers = {}
         return [*entries.values(), *views]
+
+    def _mark_adapters(self, entries: dict[str, ModelEntry]) -> dict[str, AdapterPairing]:
+        """Turn each LoRA adapter GGUF in `entries` into an adapter entry (no facts, no problem: listed, not
+        servable, never broken) and pair it with the servable GGUF models there."""
+        found: dict[str, tuple[HeaderKey, AdapterFacts]] = {}
+        for mid, e in entries.items():
+            if mid == e.id and (got := self._adapter_of(e)) is not None:
+                entries[mid] = replace(e, facts=None, problem=None, kind_name=ADAPTER_KIND, mmproj=None)
+                found[mid] = got
+        models = [e for e in entries.values() if e.ok and e.format == "gguf"]
+        return {
+            mid: pair_adapter(facts, models, refusal=partial(self._refusal, key))
+            for mid, (key, facts) in found.items()
+        }
+
+    def _adapter_of(self, e: ModelEntry) -> tuple[HeaderKey, AdapterFacts] | None:
+        """The file key and adapter facts of a one-file GGUF entry whose header has no layer count (a
+        model's always has one, an adapter's never), else None."""
+        if e.format != "gguf" or len(e.parts) > 1:
+            return None
+        got = self._read(e.path)
+        if isinstance(got, GGUFFacts) and got.block_count is not None:
+            return None
+        try:
+            key = _key(e.path)
+        except OSError:
+            return None
+        if key not in self._adapter_facts:
+            self._adapter_facts[key] = read_adapter(e.path)
+        facts = self._adapter_facts[key]
+        return (key, facts) if facts is not None else None
+
+    def _refusal(self, key: HeaderKey, adapter: AdapterFacts, base: ModelEntry) -> str | None:
+        """adapter_refusal, remembered per (adapter file, base file) as they are now."""
+        try:
+            pair = (key, _key(base.path))
+        except OSError as exc:
+            return f"the base model cannot be read: {exc.strerror or exc}"
+        if pair not in self._refusals:
+            self._refusals[pair] = adapter_refusal(adapter, base.path)
+        return self._refusals[pair]
+
+    def adapter(self, model_id: str) -> AdapterPairing | None:
+        """The LoRA adapter `model_id` is (what it adapts, the models it pairs with, or why none), as of
+        the last scan; None for a model."""
+        return self._adapters.get(model_id)
 
     def _alias_views(self, entries: dict[str, ModelEntry], aliases: dict[str, list[str]]) -> list[ModelEntry]:
         """The library's aliases (Ollama's copy, create, pull), added to `aliases` so each resolves to its
@@ -225,6 +282,10 @@ class Catalog:
             )
         if allow_broken:
             return entry
+        if entry.kind == ADAPTER_KIND:
+            raise NoLaneForFormatError(
+                _adapter_refused(model_id, self._adapters.get(entry.id)), param="model"
+            )
         if entry.problem is not None:
             raise ModelBrokenError(f"model {model_id!r} cannot be served: {entry.problem}", param="model")
         if not entry.ok:
@@ -250,3 +311,20 @@ class Catalog:
 
 def _with_source(e: ModelEntry, source: str) -> ModelEntry:
     return replace(e, source=source)
+
+
+def _key(path: Path) -> HeaderKey:
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
+def _adapter_refused(model_id: str, pairing: AdapterPairing | None) -> str:
+    head = f"{model_id!r} is a LoRA adapter, not a model: it is served only with its base model"
+    if pairing is None or not pairing.bases:
+        why = pairing.why if pairing is not None else "no base model in the library pairs with it"
+        return f"{head}, and {why}"
+    base = pairing.bases[0]
+    return (
+        f"{head} ({', '.join(pairing.bases)}); add it to model_overrides[{base!r}].lora (the Library's Tune "
+        f"panel: LoRA adapters) and ask for {base}+<adapter>, as GET /v1/models lists it"
+    )

@@ -1,6 +1,6 @@
 """Measured speeds in library.db: prompt and generation tokens/s per model, lane and device, from the
 engine's own `timings` (llama.cpp's `prompt_per_second` / `predicted_per_second`), and the calibration of
-the speed model they give this machine (docs/fit.md#speed).
+the speed model they give this machine, per device (docs/fit.md#speed).
 
 The gateway hands each finished answer's last bytes to `SpeedRecorder.note` once; the parse is small and
 runs on the event loop, the SQLite write runs in a worker thread. A row keeps the median of its last
@@ -15,18 +15,20 @@ import logging
 import sqlite3
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from app.core.errors import LibraryError
-from app.fit.plan import BANDWIDTH_BOUND_BYTES, SpeedCalibration, bandwidth_bound
+from app.fit.plan import BANDWIDTH_BOUND_BYTES, CPU, SpeedCalibration, bandwidth_bound
 from app.library.store import Library
 
 log = logging.getLogger("switchyard.speeds")
 RECENT = 9
 MIN_TOKENS = 4  # fewer generated tokens time the first token's set-up, not the generation rate
 _DECODER = json.JSONDecoder()
+# memory bandwidth per device name (bytes/s), or the CPU's figure alone; None: none measured
+Bandwidths = Mapping[str, float] | float | None
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ class SpeedStore:
             for r in self._query("SELECT * FROM speeds WHERE model_id = ? ORDER BY at DESC", (model_id,))
         ]
 
-    def calibration(self, *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
-        """Per device, what the measurements say about the speed model (empty: nothing to go on)."""
+    def calibration(self, *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
+        """Per device, what the measurements say about the speed model (empty: nothing to go on);
+        `bandwidth` as `calibrate` takes it."""
         try:
             return calibrate(self.all(), bandwidth=bandwidth)
         except LibraryError as exc:
@@ -200,16 +203,31 @@ def _speed_of(
     )
 
 
-def calibrate(speeds: Iterable[Speed], *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
-    """The CPU path's calibration from llama.cpp measurements: the efficiency is the median, over models
-    that read at least BANDWIDTH_BOUND_BYTES a token, of measured / bandwidth-bound speed; smaller models
-    give the fixed per-token cost left once that efficiency is taken into account."""
-    if not bandwidth:
-        return {}
-    rows = [s for s in speeds if s.lane == "llama.cpp" and s.device == "CPU" and s.bytes_per_token]
+def calibrate(speeds: Iterable[Speed], *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
+    """Each device's calibration from its own llama.cpp measurements, over its own bandwidth: `bandwidth`
+    maps device names as the recorder files them ("CPU", "GPU") to bytes/s (plan.device_bandwidths),
+    or is the CPU's figure alone; a device without one, or without a model read enough to teach the
+    efficiency, is left out (its placements keep their range)."""
+    bws: Mapping[str, float | None] = (
+        {CPU: bandwidth} if isinstance(bandwidth, int | float) else (bandwidth or {})
+    )
+    rows = [s for s in speeds if s.lane == "llama.cpp" and s.bytes_per_token]
+    out: dict[str, SpeedCalibration] = {}
+    for device in sorted({s.device for s in rows}):
+        bw = bws.get(device)
+        cal = _calibrate_device([s for s in rows if s.device == device], bw) if bw and bw > 0 else None
+        if cal is not None:
+            out[device] = cal
+    return out
+
+
+def _calibrate_device(rows: list[Speed], bandwidth: float) -> SpeedCalibration | None:
+    """The efficiency is the median, over models that read at least BANDWIDTH_BOUND_BYTES a token, of
+    measured / bandwidth-bound speed; smaller models give the fixed per-token cost left once that
+    efficiency is taken into account. None without such a model."""
     big = [s for s in rows if (s.bytes_per_token or 0) >= BANDWIDTH_BOUND_BYTES]
     if not big:
-        return {}
+        return None
 
     def bound(s: Speed) -> float:
         return bandwidth_bound(s.bytes_per_token or 1, bandwidth)
@@ -221,10 +239,10 @@ def calibrate(speeds: Iterable[Speed], *, bandwidth: float | None) -> dict[str, 
     )
     if per_token:  # the large models pay the fixed cost too: take it out of their efficiency
         eff = statistics.median(1 / (max(1 / s.gen_tps - per_token, 1e-9) * bound(s)) for s in big)
-    return {"CPU": SpeedCalibration(efficiency=eff, per_token_s=per_token, models=len(rows))}
+    return SpeedCalibration(efficiency=eff, per_token_s=per_token, models=len(rows), bandwidth=bandwidth)
 
 
-def machine_calibration(library: Library, *, bandwidth: float | None) -> dict[str, SpeedCalibration]:
+def machine_calibration(library: Library, *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
     """This machine's calibration from the speeds recorded in `library` (for commands that run without a
     server: `switchyard explain`, `switchyard recommend --local`); empty when nothing calibrates it."""
     return SpeedStore(library).calibration(bandwidth=bandwidth)

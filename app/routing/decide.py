@@ -13,13 +13,14 @@ wins; otherwise the first in the format's preference order. The others that coul
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from app.formats.detect import ModelFormat, ModelKind
 from app.hardware.model import Hardware
-from app.routing.engines import LANES, install_hint, title, titles
+from app.routing.engines import LANES, LLAMA_CPP, LLAMA_CPP_COMPAT, install_hint, title, titles
 from app.routing.machine import hardware_reason, hardware_refusal
 from app.routing.model import Decision, FitCheck, LaneInstall, Rejection, RejectionKind
 from app.routing.traits import (
@@ -52,6 +53,14 @@ def _not_installed(lane: str, install: LaneInstall | None) -> str:
 
 
 def _architecture_refusal(lane: str, traits: ModelTraits, install: LaneInstall) -> str | None:
+    refused = {a.casefold() for a in install.rejected_architectures}
+    if traits.architectures and all(a.casefold() in refused for a in traits.architectures):
+        name = title(lane)
+        engine = f"{name} ({install.version})" if install.version else name
+        return (
+            f"{engine} does not load the {traits.architecture} architecture (it said so when asked); "
+            f"register a llama.cpp build that does: {install_hint(LLAMA_CPP_COMPAT)}."
+        )
     supported = install.supported_architectures
     if supported is None or not traits.architectures:
         return None  # unknown either way: let the engine try
@@ -110,6 +119,19 @@ def _assess(
     return _Verdict(lane, None, tuple(r for r in reasons if r))
 
 
+def _lanes(traits: ModelTraits, installed: Mapping[str, LaneInstall]) -> tuple[ModelTraits, tuple[str, ...]]:
+    """The traits and lanes to weigh: a registered capability build (llama.cpp-compat) joins right after
+    llama.cpp; without one it is left out altogether, so nothing changes for anyone who has none."""
+    compat = installed.get(LLAMA_CPP_COMPAT)
+    if compat is None or not compat.installed:
+        return traits, tuple(lane for lane in LANES if lane != LLAMA_CPP_COMPAT)
+    if LLAMA_CPP in traits.candidates:
+        at = traits.candidates.index(LLAMA_CPP) + 1
+        candidates = (*traits.candidates[:at], LLAMA_CPP_COMPAT, *traits.candidates[at:])
+        traits = dataclasses.replace(traits, candidates=candidates)
+    return traits, LANES
+
+
 def _refusal_text(verdict: _Verdict) -> str | None:
     r = verdict.rejection
     if r is None:
@@ -132,7 +154,8 @@ def check_pin(
     """Why pinning this model to `lane` is refused (for `switchyard pin`); None: the lane can run it."""
     if lane not in LANES:
         return _no_such_lane(lane)
-    return _refusal_text(_assess(lane, traits_of(fmt), hardware=hardware, installed=installed, fit=fit))
+    traits, _ = _lanes(traits_of(fmt), installed)
+    return _refusal_text(_assess(lane, traits, hardware=hardware, installed=installed, fit=fit))
 
 
 def _kinds(verdicts: list[_Verdict]) -> str:
@@ -206,9 +229,9 @@ def decide(
 
     A pin to a lane that can run the model chooses it. A pin to one that cannot is refused: the usual choice
     applies and the first reason says why the pin was refused. No lane at all: `lane` is None."""
-    traits = traits_of(fmt)
+    traits, lanes = _lanes(traits_of(fmt), installed)
     verdicts = {
-        lane: _assess(lane, traits, hardware=hardware, installed=installed, fit=fit) for lane in LANES
+        lane: _assess(lane, traits, hardware=hardware, installed=installed, fit=fit) for lane in lanes
     }
     pin = (pins or {}).get(model_id)
     refused = None
@@ -233,7 +256,7 @@ def decide(
         reasons += [own[0], *([passed] if passed else []), *own[1:]]
 
     # The lanes that read this format first, in preference order, then the rest in the canonical order.
-    order = [*traits.candidates, *(lane for lane in LANES if lane not in traits.candidates)]
+    order = [*traits.candidates, *(lane for lane in lanes if lane not in traits.candidates)]
     rejections = tuple(
         _other(verdicts[lane], chosen, pinned=pinned, model_id=model_id, traits=traits)
         for lane in order

@@ -6,6 +6,7 @@ Lane ids are the keys of `installed` and `pins`; they never change. Everything h
 from __future__ import annotations
 
 LLAMA_CPP = "llama.cpp"
+LLAMA_CPP_COMPAT = "llama.cpp-compat"  # a second llama.cpp build (app/lanes/compat.py)
 MISTRAL_RS = "mistral.rs"
 MLX = "mlx"
 VLLM = "vllm"
@@ -15,12 +16,25 @@ WHISPER_CPP = "whisper.cpp"
 PIPER = "piper"
 
 # The canonical order: rejections of lanes that do not read the model's format are listed in it.
-LANES: tuple[str, ...] = (LLAMA_CPP, MISTRAL_RS, MLX, VLLM, SGLANG, SD_CPP, WHISPER_CPP, PIPER)
+LANES: tuple[str, ...] = (
+    LLAMA_CPP,
+    LLAMA_CPP_COMPAT,
+    MISTRAL_RS,
+    MLX,
+    VLLM,
+    SGLANG,
+    SD_CPP,
+    WHISPER_CPP,
+    PIPER,
+)
 
 CUDA_LANES = frozenset({VLLM, SGLANG})
+# the lanes whose engine speaks llama-server's API (slots, /props, timings, its own tool-call parser)
+LLAMA_ENGINES = frozenset({LLAMA_CPP, LLAMA_CPP_COMPAT})
 
 _TITLES = {
     LLAMA_CPP: "llama.cpp",
+    LLAMA_CPP_COMPAT: "llama.cpp (capability build)",
     MISTRAL_RS: "mistral.rs",
     MLX: "MLX",
     VLLM: "vLLM",
@@ -35,6 +49,7 @@ _CUDA_RUNS = (
 )
 _RUNS = {
     LLAMA_CPP: "runs GGUF language models",
+    LLAMA_CPP_COMPAT: "runs GGUF models whose architecture the default llama.cpp build does not load",
     MISTRAL_RS: "runs GGUF and plain safetensors language models",
     MLX: "runs MLX models (and plain safetensors on Apple Silicon)",
     VLLM: _CUDA_RUNS,
@@ -47,12 +62,16 @@ _RUNS = {
 _INSTALL = {
     LLAMA_CPP: "`pip install xllamacpp`, put llama-server on PATH, or set runtime bin and run `switchyard "
     "serve --pull-only` (the prebuilt llama.cpp release for this machine's GPU)",
+    LLAMA_CPP_COMPAT: "`switchyard engine register llama.cpp-compat --python PY` (an interpreter with "
+    "another xllamacpp) or `--llama-server PATH` (another revision or a fork), or `switchyard engine install "
+    "llama.cpp-compat --latest`",
     MISTRAL_RS: "`pip install mistralrs` (mistralrs-cuda or mistralrs-metal for a GPU)",
     MLX: "`switchyard engine install mlx` (or `pip install mlx-lm`; on Linux `pip install mlx[cpu] mlx-lm`)",
     VLLM: "`switchyard engine install vllm` or `pip install vllm` (Linux with an NVIDIA GPU)",
     SGLANG: "`switchyard engine install sglang` or `pip install sglang` (Linux with an NVIDIA GPU)",
-    SD_CPP: "build stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put sd-server on PATH "
-    "(or set sd_server_path)",
+    SD_CPP: "run `switchyard serve --pull-only` (runtime bin fetches the pinned sd-server release for this "
+    "machine), or build stable-diffusion.cpp (github.com/leejet/stable-diffusion.cpp) and put sd-server on "
+    "PATH (or set sd_server_path)",
     WHISPER_CPP: "`switchyard engine install whisper.cpp` (or `pip install pywhispercpp`)",
     PIPER: "`switchyard engine install piper` (or `pip install piper-tts`)",
 }

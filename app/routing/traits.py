@@ -18,6 +18,7 @@ from app.formats.safetensors_meta import SafetensorsModel
 from app.formats.speech_meta import WhisperGGML
 from app.routing.engines import (
     LLAMA_CPP,
+    LLAMA_CPP_COMPAT,
     MISTRAL_RS,
     MLX,
     PIPER,
@@ -105,7 +106,10 @@ def _safetensors_candidates(method: str | None) -> tuple[str, ...]:
 
 
 _CANDIDATES = {
-    ModelKind.GGUF: (LLAMA_CPP, MISTRAL_RS),
+    ModelKind.GGUF: (
+        LLAMA_CPP,
+        MISTRAL_RS,
+    ),  # llama.cpp-compat joins after llama.cpp when registered (decide)
     ModelKind.GGUF_DIFFUSION: (SD_CPP,),
     ModelKind.MLX: (MLX,),
     ModelKind.DIFFUSERS: (SD_CPP,),
@@ -218,6 +222,11 @@ def format_reason(lane: str, traits: ModelTraits) -> str:
         if traits.companions:
             text += f" The vision projector beside it ({', '.join(traits.companions)}) loads with it."
         return text
+    if traits.kind is ModelKind.GGUF and lane == LLAMA_CPP_COMPAT:
+        return (
+            "GGUF is llama.cpp's own format; this second llama.cpp build loads architectures the default "
+            "build does not."
+        )
     if traits.kind is ModelKind.GGUF:
         return f"{title(lane)} reads GGUF too (llama.cpp comes first for GGUF)."
     if traits.quantized_for_cuda:

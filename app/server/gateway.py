@@ -36,10 +36,11 @@ from app.core.errors import (
 from app.lanes.bank import MIB
 from app.lanes.bank_slots import SessionBank
 from app.lanes.lane import Lane, LaneState
-from app.lanes.llamacpp_spec import engine_speculation
+from app.lanes.llamacpp_spec import engine_speculation, speculation_for
 from app.lanes.remote import RemoteLane
 from app.lanes.request_defaults import (
     adapter_ids,
+    draft_unsuited,
     max_output,
     split_adapter_id,
     with_adapter,
@@ -490,6 +491,17 @@ class Gateway:
         prompt = body.get("prompt")
         return route == "chat" or not isinstance(prompt, list) or all(_is_int(t) for t in prompt)
 
+    def draft_unsuited(self, target: Target, body: dict[str, Any]) -> str | None:
+        """Why the draft model of `target`'s lane does not pay on `body` ("grammar", "json_schema", "tools",
+        "temperature"); None when it does or the lane has no draft. The engine drafts regardless (it reads
+        no per-request speculation field), so this is reported, in `timings` and /metrics."""
+        plan = getattr(target, "plan", None)
+        params = getattr(plan, "params", None)
+        if getattr(params, "spec_type", "") != "draft_simple":
+            return None
+        spec = speculation_for(target.model_id, self.rt.settings)
+        return draft_unsuited(body, max_temperature=spec.max_temperature)
+
     async def whole(self, target: Target, path: str, body: dict[str, Any], *, route: str) -> bytes:
         """The non-streamed answer to `body`, read from the engine's stream of it; the stream's connection
         is dropped if this is cancelled (the client went away), so the engine stops generating."""
@@ -505,7 +517,10 @@ class Gateway:
             raise target.broken(exc) from exc
         finally:
             upstream.close()
-        return json.dumps(folded.answer(), ensure_ascii=False).encode()
+        answer = folded.answer()
+        if (why := self.draft_unsuited(target, body)) is not None and isinstance(answer.get("timings"), dict):
+            answer["timings"]["draft_unsuited"] = why
+        return json.dumps(answer, ensure_ascii=False).encode()
 
     async def deltas(self, target: Target, upstream: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:
         """The typed deltas of an OpenAI event stream, until `[DONE]`. A broken connection is the target's

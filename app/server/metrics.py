@@ -41,6 +41,8 @@ FIRST_BYTE: web.RequestKey[float] = web.RequestKey("first_byte_at", float)
 USAGE: web.RequestKey[tuple[int, int]] = web.RequestKey("usage", tuple)
 # (drafted, accepted) tokens of speculative decoding, from llama.cpp's `timings` (absent: nothing drafted)
 DRAFTS: web.RequestKey[tuple[int, int]] = web.RequestKey("drafts", tuple)
+# why the lane's draft model does not pay on this request (request_defaults.draft_unsuited), when it does not
+DRAFT_UNSUITED: web.RequestKey[str] = web.RequestKey("draft_unsuited", str)
 # set by a stream once every byte is written: a client that leaves while the handler is still closing
 # (it read the last event and hung up) cancels the handler, and that is a completed answer, not a 499
 SENT_STATUS: web.RequestKey[int] = web.RequestKey("sent_status", int)
@@ -76,6 +78,7 @@ class Metrics:
         self.tokens_out: dict[_Labels, int] = {}  # model, client
         self.drafted: dict[_Labels, int] = {}  # model
         self.accepted: dict[_Labels, int] = {}  # model
+        self.draft_unsuited: dict[_Labels, int] = {}  # model, reason
         self.in_flight = 0
         self.download_bytes: dict[_Labels, int] = {}  # repo
         self.verdicts: dict[_Labels, int] = {}  # stage, judge, verdict, blocked (app/server/safety_gate.py)
@@ -112,6 +115,8 @@ class Metrics:
         if (drafts := request.get(DRAFTS)) is not None:
             self.drafted[(model,)] = self.drafted.get((model,), 0) + drafts[0]
             self.accepted[(model,)] = self.accepted.get((model,), 0) + drafts[1]
+        if (why := request.get(DRAFT_UNSUITED)) is not None:
+            self.draft_unsuited[(model, why)] = self.draft_unsuited.get((model, why), 0) + 1
         if status >= 400:
             ek = (route, model, str(status), error_code(resp), client)
             self.errors[ek] = self.errors.get(ek, 0) + 1
@@ -204,6 +209,14 @@ class Metrics:
             "counter",
             "Speculative decoding: drafted tokens the model accepted.",
             {("model",): self.accepted},
+        )
+        _family(
+            out,
+            "switchyard_draft_unsuited_requests_total",
+            "counter",
+            "Requests to a lane with a draft model that the draft does not pay on (grammar, json_schema, "
+            "tools, temperature): the engine drafts for them anyway; see docs/engines.md.",
+            {("model", "reason"): self.draft_unsuited},
         )
         lanes = list(lanes)
         states = {(ln.model_id, str(s)): int(ln.state is s) for ln in lanes for s in LaneState}

@@ -17,6 +17,7 @@ from typing import Any
 from app.lanes.lane import Lane, LaneState
 from app.lanes.request_defaults import model_limits
 from app.library.catalog import ModelEntry
+from app.routing.engines import LLAMA_ENGINES
 from app.runtime import Runtime
 
 LISTING_BUDGET_S = 0.5
@@ -61,7 +62,7 @@ class PlannedSlots:
 
     def _plan(self, model_id: str) -> Slot | None:
         found = self.rt.explain_brief(model_id)
-        if found is None or found.lane != "llama.cpp" or found.fit is None or found.fit.chosen is None:
+        if found is None or found.lane not in LLAMA_ENGINES or found.fit is None or found.fit.chosen is None:
             return None
         params = found.fit.chosen.params
         return params.ctx_size // max(1, params.parallel), params.ctx_size, params.parallel

@@ -23,7 +23,7 @@ from app.lanes.target import Target
 from app.server.gateway import Gateway, chat_has_images
 from app.server.images import check_request_images
 from app.server.keys import GATEWAY
-from app.server.metrics import note_usage
+from app.server.metrics import DRAFT_UNSUITED, note_usage
 from app.server.raw_http import read_all
 from app.server.relay import keep_header, raw_relay_fits, relay, relay_raw
 from app.server.request_keys import MODEL
@@ -81,6 +81,8 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
             )
             if (slotted := await gw.pin_slot(target, body, route=route)) is not None:
                 body, raw = slotted, json.dumps(slotted).encode()  # its llama.cpp slot (the session bank)
+            if (unsuited := gw.draft_unsuited(target, body)) is not None:
+                request[DRAFT_UNSUITED] = unsuited  # counted in /metrics; a whole answer's timings say it
             # a stream with tools from an engine other than llama.cpp is read for lost calls (mlx-lm#1957)
             recover = stream and route == "chat" and stream_needs_recovery(body, engine=target.engine)
             recovery = StreamRecovery(target.model_id) if recover else None

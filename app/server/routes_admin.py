@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from app import __version__
+from app.routing.engines import LLAMA_ENGINES
 from app.server.keys import GATEWAY, RUNTIME
 from app.server.request_input import parse_json_object, query_int
 from app.server.request_keys import MODEL
@@ -88,7 +89,7 @@ async def lane_detail(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     lane = rt.supervisor.get_lane(request.match_info["lane_id"])
     view = lane_view(lane, rt.settings)
-    if view.get("engine") == "llama.cpp" and view.get("state") == "ready" and view.get("port"):
+    if view.get("engine") in LLAMA_ENGINES and view.get("state") == "ready" and view.get("port"):
         # whether speculation is on, per slot, from the engine's own /slots (its /props says "none")
         view["speculation"] = await request.app[GATEWAY].speculation(lane)
     return web.json_response(view)

@@ -35,6 +35,14 @@ def _version(body: dict[str, Any]) -> str | None:
     return value or None
 
 
+def _build(body: dict[str, Any]) -> str | None:
+    """`build` of an install or update body (the engines' check names the valid ones); None: the probe's."""
+    value = body.get("build")
+    if value is not None and not isinstance(value, str):
+        raise BadRequestError("'build' must be a string such as \"cuda12\", or null", param="build")
+    return value.strip() if value else None
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     return parse_body(raw) if raw.strip() else {}
@@ -81,24 +89,33 @@ async def update_all(request: web.Request) -> web.Response:
 
 @routes.post("/api/engines/{engine}/install")
 async def install(request: web.Request) -> web.Response:
-    """Install an engine into its own environment: {"version"?}; 202 with the job (default: the pin)."""
+    """Install an engine into its own environment: {"version"?, "build"?}; 202 with the job (default: the
+    pin, and the build the hardware probe chooses; a build the engine lacks is a 400 naming its builds)."""
     engine = request.match_info["engine"]
-    version = _version(await _body(request))
-    started = request.app[RUNTIME].engines.start(engine, version=version)
+    body = await _body(request)
+    started = request.app[RUNTIME].engines.start(engine, version=_version(body), build=_build(body))
     return web.json_response(started.public(), status=202)
 
 
 @routes.post("/api/engines/{engine}/update")
 async def update(request: web.Request) -> web.Response:
-    """Install the pinned version if the current one differs: 202 with the job, or 200 `up_to_date`."""
+    """Install the pinned version where the current one differs in version or build ({"build"?}, else
+    the probe's): 202 with the job, or 200 `up_to_date`."""
     rt = request.app[RUNTIME]
     engine = request.match_info["engine"]
+    build = _build(await _body(request))
     spec = spec_for(engine)
     state = rt.engines.store.read(engine)
-    want = engine_install.target_version(spec, state, None)
-    if state.current is not None and state.current.version == want:
-        return web.json_response({"status": "up_to_date", "engine": engine, "version": want})
-    started = rt.engines.start(engine, action="update")
+    # plan() may probe the GPUs (no snapshot yet): off the event loop
+    want = await asyncio.to_thread(engine_install.plan, spec, state, build=build, hardware=rt.hardware)
+    if state.current is not None and (state.current.version, state.current.build) == (
+        want.version,
+        want.build,
+    ):
+        return web.json_response(
+            {"status": "up_to_date", "engine": engine, "version": want.version, "build": want.build}
+        )
+    started = rt.engines.start(engine, build=build, action="update")
     return web.json_response({"status": "queued", "job": started.public()}, status=202)
 
 

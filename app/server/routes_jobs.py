@@ -175,7 +175,8 @@ async def jobs_events(request: web.Request) -> web.StreamResponse:
 async def jobs_start(request: web.Request) -> web.Response:
     """Start a job and answer 202 with it at once: {"kind": "download", "repo", "revision"?, "quant"?,
     "file"?, "mmproj"?} | {"kind": "update", "repo" | "model", "suite"?, "min_score"?} |
-    {"kind": "engine_install", "engine", "version"?} | {"kind": "eval", "model", "suite", "min_score"?}"""
+    {"kind": "engine_install", "engine", "version"?, "build"?} |
+    {"kind": "eval", "model", "suite", "min_score"?}"""
     body = parse_body(await request.read())
     kind = body.get("kind")
     starters = {
@@ -261,8 +262,12 @@ def _gated(request: web.Request, rt: Runtime, model: str, repo: str, gate: Gate)
 
 
 async def _start_engine(request: web.Request, body: dict[str, Any]) -> Job | None:
+    """An engine install job; `build` (mistral.rs, MLX) overrides the probe's choice, and one the engine
+    has no package for is a 400 naming its builds before anything starts."""
     engine = text_field(body, "engine", required=True) or ""
-    started = request.app[RUNTIME].engines.start(engine, version=text_field(body, "version"))
+    started = request.app[RUNTIME].engines.start(
+        engine, version=text_field(body, "version"), build=text_field(body, "build")
+    )
     return request.app[SOURCES].adopt_engine(started)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from app.chat.deltas import Delta, Finish, Text, ToolCallPart
 from app.core import tracing
 from app.core.errors import SwitchyardError, UpstreamRefusedError
+from app.routing.engines import LLAMA_ENGINES
 from app.server.translation import Translation
 
 MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
@@ -192,7 +193,7 @@ def stream_needs_recovery(body: dict[str, Any], *, engine: str) -> bool:
     """Whether an OpenAI chat stream is read for lost calls (`StreamRecovery`): it offers tools, and its
     engine is not llama.cpp, whose own parser sends the calls it reports (its streams stay byte-relayed)."""
     tools = body.get("tools")
-    return isinstance(tools, list) and bool(tools) and engine != "llama.cpp"
+    return isinstance(tools, list) and bool(tools) and engine not in LLAMA_ENGINES
 
 
 class StreamRecovery:

@@ -66,12 +66,12 @@ class RecommendView(QWidget):
     async def _load(self) -> None:
         from app.advice.inputs import AdviceInputs
         from app.advice.recommend import hub_asker, recommend
+        from app.fit.plan import device_bandwidths
 
         self.note.setText("<i>checking which models fit this machine…</i>")
         rt = self.desk.runtime
         hardware = await rt.hardware_now()
-        bw = hardware.bandwidth.all_cores if hardware.bandwidth else None
-        speed = await asyncio.to_thread(rt.speeds.store.calibration, bandwidth=bw)
+        speed = await asyncio.to_thread(rt.speeds.store.calibration, bandwidth=device_bandwidths(hardware))
         inputs = AdviceInputs(settings=rt.settings, hardware=hardware, pins=rt.pins.all(), speed=speed)
         ask = hub_asker(rt.hub.client(), inputs=inputs)
         found = await asyncio.to_thread(recommend, inputs, ask=ask)

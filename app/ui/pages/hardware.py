@@ -57,8 +57,10 @@ class HardwarePage(Page):
             f"<b>RAM</b>: {fmt.size((doc.get('memory') or {}).get('total') or doc.get('ram_total'))}",
         ]
         for g in gpus:
+            speed = f" · {bw / 1e9:.0f} GB/s" if (bw := g.get("memory_bandwidth")) else ""
             lines.append(
-                f"<b>GPU</b>: {g.get('name', '?')} · {fmt.size(g.get('memory_total') or g.get('vram_total'))}"
+                f"<b>GPU</b>: {g.get('name', '?')} · "
+                f"{fmt.size(g.get('memory_total') or g.get('vram_total'))}{speed}"
             )
         if not gpus:
             lines.append("<b>GPU</b>: none found; models run on the CPU")

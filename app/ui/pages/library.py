@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.core.errors import ModelInUseError
 from app.hub.update_check import read_updates
 from app.library.importer import import_model
-from app.library.listing import listing
+from app.library.listing import ADAPTER_STATUS, listing
 from app.library.model import ModelEntry
 from app.library.remove import remove_model
 from app.quality.store import EvalStore
@@ -128,6 +128,9 @@ class LibraryPage(Page):
                 d["eval"] = scores.get(d["id"])
                 entry = rt.catalog.find(d["id"])
                 d.update(_vision(entry, rt.settings) if entry is not None else {"vision": False})
+                if d.get("status") == ADAPTER_STATUS:  # loads with its base: no fit or lane of its own
+                    d["fit_text"] = adapter_text(d)
+                    continue
                 if rt.hardware is None or d.get("problem"):
                     d["fit_text"] = "broken" if d.get("problem") else "-"
                     continue
@@ -185,6 +188,7 @@ class LibraryPage(Page):
                 "Size": f"weights {fmt.size(weights)} + vision projector {fmt.size(d['projector_size'])}"
                 if d.get("projector_size")
                 else "",
+                "Fit": d["problem"] if d.get("status") == ADAPTER_STATUS else "",
                 "Eval": _eval_tip(d.get("eval")),
                 "Smoke": _smoke_tip(d.get("smoke")),
             }
@@ -423,12 +427,21 @@ def detail_text(d: dict[str, Any]) -> str:
     if d.get("projector"):
         state = " (missing)" if d.get("projector_missing") else f" ({fmt.size(d.get('projector_size'))})"
         lines.append(f"Vision projector: {escape(d['projector'])}{state}")
+    if d.get("status") == ADAPTER_STATUS:
+        lines.append(escape(d.get("problem") or "LoRA adapter"))
     if d.get("context_text"):
         lines.append(f"Context: {escape(d['context_text'])}")
     run = d.get("eval")
     if run:
         lines.append(f"Last eval: {escape(_eval_tip(run))}")
     return "<br>".join(lines)
+
+
+def adapter_text(d: dict[str, Any]) -> str:
+    """The Fit cell of a LoRA adapter: the models it loads with, or that none in the library does."""
+    adapter = d.get("adapter") or {}
+    bases = adapter.get("bases") or []
+    return f"LoRA adapter of {', '.join(bases)}" if bases else "LoRA adapter (no base model here)"
 
 
 def _quant(d: dict[str, Any]) -> str | None:
