@@ -209,7 +209,7 @@ def test_the_assistant_passes_the_tokenizer_check_llamacpp_drafts_pass(
     with pytest.raises(EngineUnavailableError, match=r"from a model folder .* the file tiny2\.gguf"):
         MISTRALRS.build(same, settings, ppid=1, free_port=0, hardware=None, used=None)
     ngram = Settings(model_overrides={"tiny": {"speculative": {"type": "ngram"}}})
-    with pytest.raises(EngineUnavailableError, match="mistral.rs has no n-gram speculation"):
+    with pytest.raises(EngineUnavailableError, match=r"mistral\.rs has no n-gram speculation"):
         with_assistant(tiny, ngram, library)  # refused before any pairing, with what the lane can do
 
 

@@ -16,6 +16,8 @@ import gguf
 import numpy as np
 import pytest
 
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # the Library page test builds a window
+
 from app.core.errors import NoLaneForFormatError
 from app.library.catalog import Catalog
 from tests.conftest import REPO, link_models, running_server

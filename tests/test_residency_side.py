@@ -72,7 +72,10 @@ async def test_speech_side_lanes_load_beside_the_text_lane_or_make_room(rt: Runt
     # used, idle, holding the memory it lacks) is stopped, the decision logged with its numbers
     await sup.unload(WHISPER)
     await sup.unload(VOICE)
-    budget(rt, (fp[TEXT] + fp[WHISPER] // 2) // MIB)
+    # (at least the larger of the two, so stopping the text lane makes room, and less than both together:
+    # the measured sizes vary from run to run, and the whisper lane is sometimes twice the text lane)
+    big, small = max(fp[TEXT], fp[WHISPER]), min(fp[TEXT], fp[WHISPER])
+    budget(rt, (big + small // 2) // MIB + 1)
     await sup.load(WHISPER)
     assert ready(rt) == {WHISPER}
     line = _line(rt, WHISPER, "to make room")

@@ -11,6 +11,8 @@ from app.core.errors import SettingsError
 from app.core.settings import Settings
 from app.hardware.build_choice import backend_for, choose_build
 from app.hardware.model import CPUInfo, GPUInfo, Hardware, MemoryInfo, Vendor
+from app.lanes.engine_list import build_packages
+from app.lanes.engine_store import spec_for
 from app.lanes.release_fetch import ReleaseFetcher
 from app.lanes.runtimes import choose_runtime, doctor_rows, runtime_order
 
@@ -53,8 +55,13 @@ CASES = [  # machine, llama.cpp build, mistral.rs package, MLX package
     (MI300, "rocm", "mistralrs", "mlx[cpu]"),
     (ARC, "vulkan", "mistralrs", "mlx[cpu]"),
     (RADEON_WIN, "vulkan", "mistralrs", "mlx[cpu]"),
-    (M3, "metal", "mistralrs-metal", "mlx"),
-    (XEON, "cpu", "mistralrs-mkl", "mlx[cpu]"),
+    (
+        M3,
+        "metal",
+        "mistralrs",
+        "mlx",
+    ),  # the plain wheel has Metal on Apple Silicon (mistralrs-metal stops at 0.8)
+    (XEON, "cpu", "mistralrs", "mlx[cpu]"),  # and MKL on x86_64
     (PLAIN, "cpu", "mistralrs", "mlx[cpu]"),
 ]
 
@@ -62,8 +69,9 @@ CASES = [  # machine, llama.cpp build, mistral.rs package, MLX package
 @pytest.mark.parametrize(("hw", "llama", "mistral", "mlx"), CASES)
 def test_each_engine_picks_the_build_for_the_probe(hw: Hardware, llama: str, mistral: str, mlx: str) -> None:
     assert choose_build("llama.cpp", hw).build == llama
-    assert choose_build("mistral.rs", hw).package == mistral
-    assert choose_build("mlx", hw).package == mlx
+    # the packages come from the manifest's builds table (app/lanes/engines.toml)
+    assert choose_build("mistral.rs", hw, packages=build_packages(spec_for("mistral.rs"))).package == mistral
+    assert choose_build("mlx", hw, packages=build_packages(spec_for("mlx"))).package == mlx
     assert backend_for(hw).reason  # always says why
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -72,11 +73,27 @@ def _vocab() -> tuple[list[bytes], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+def _add_vocab(w: gguf.GGUFWriter, template: Any, *, add_bos: bool = True) -> int:
+    """The shared byte-level llama vocabulary, its special ids and `template`; returns its size."""
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    if add_bos:
+        w.add_add_bos_token(True)
+    w.add_chat_template(template)
+    return len(tokens)
+
+
 def write_tiny_gguf(path: Path, spec: TinySpec = CHAT) -> Path:
     """Write a llama-architecture GGUF with f32 random weights; returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
-    tokens, scores, types = _vocab()
+    tokens = _vocab()[0]
     n_vocab = len(tokens)
     head_dim = spec.n_embd // spec.n_head
     kv_dim = head_dim * spec.n_head_kv
@@ -93,15 +110,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec = CHAT) -> Path:
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if spec.pooling is not None:
         w.add_pooling_type(gguf.PoolingType(spec.pooling))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_chat_template(spec.chat_template)
+    _add_vocab(w, spec.chat_template)
 
     def t(name: str, *shape: int) -> None:
         data = rng.standard_normal(shape).astype(np.float32) * 0.02
@@ -149,7 +158,7 @@ def write_gemma2_gguf(path: Path, *, window: int = 256, seed: int = 5) -> Path:
     n_embd, n_layer, n_head, n_kv, n_ff, head_dim = 128, 4, 4, 2, 256, 32
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = _vocab()
+    tokens = _vocab()[0]
     w = gguf.GGUFWriter(str(path), "gemma2")
     w.add_name("tiny-gemma2")
     w.add_context_length(8192)
@@ -165,14 +174,7 @@ def write_gemma2_gguf(path: Path, *, window: int = 256, seed: int = 5) -> Path:
     w.add_attn_logit_softcapping(50.0)
     w.add_final_logit_softcapping(30.0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_chat_template(CHATML)
+    _add_vocab(w, CHATML, add_bos=False)
 
     def t(name: str, *shape: int) -> None:
         norm = "norm" in name
@@ -213,7 +215,7 @@ def write_tiny_reranker(path: Path, *, seed: int = 11) -> Path:
     head_dim = n_embd // n_head
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = _vocab()
+    tokens = _vocab()[0]
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_name("tiny-rerank")
     w.add_context_length(2048)
@@ -229,16 +231,8 @@ def write_tiny_reranker(path: Path, *, seed: int = 11) -> Path:
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_pooling_type(gguf.PoolingType.RANK)
     w.add_classifier_output_labels(list(RERANK_LABELS))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
     # llama.cpp's server fills a named "rerank" template with the pair, as real reranker GGUFs ship it
-    w.add_chat_template([{"name": "rerank", "template": "query: {query}\ndocument: {document}\n"}])
+    _add_vocab(w, [{"name": "rerank", "template": "query: {query}\ndocument: {document}\n"}])
 
     def t(name: str, *shape: int) -> None:
         norm = "norm" in name
@@ -261,6 +255,60 @@ def write_tiny_reranker(path: Path, *, seed: int = 11) -> Path:
         t(p + "ffn_down.weight", n_embd, n_ff)
     t("output_norm.weight", n_embd)
     t("cls.output.weight", len(RERANK_LABELS), n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_mellum_gguf(path: Path, *, seed: int = 7) -> Path:
+    """A tiny Mellum (JetBrains' MoE: attention with q/k norms, 4 experts, 2 used) that llama.cpp runs:
+    an architecture xllamacpp 2026.10 loads and 2026.4 does not (tests/test_compat_lane.py)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    n_embd, n_layer, n_head, n_kv, n_exp, n_used, n_ff_exp = 64, 2, 4, 2, 4, 2, 64
+    hd = n_embd // n_head
+    w = gguf.GGUFWriter(str(path), "mellum")
+    w.add_name("tiny-mellum")
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff_exp * n_used)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    n_vocab = _add_vocab(w, CHATML)
+
+    def t(name: str, *shape: int) -> None:
+        data = rng.standard_normal(shape).astype(np.float32) * 0.02
+        w.add_tensor(name, np.ones(shape, dtype=np.float32) if name.endswith("norm.weight") else data)
+
+    t("token_embd.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, shape in (
+            ("attn_norm", (n_embd,)),
+            ("attn_q", (n_embd, n_embd)),
+            ("attn_k", (hd * n_kv, n_embd)),
+            ("attn_v", (hd * n_kv, n_embd)),
+            ("attn_output", (n_embd, n_embd)),
+            ("attn_q_norm", (hd,)),
+            ("attn_k_norm", (hd,)),
+            ("ffn_norm", (n_embd,)),
+            ("ffn_gate_inp", (n_exp, n_embd)),
+            ("ffn_gate_exps", (n_exp, n_ff_exp, n_embd)),
+            ("ffn_up_exps", (n_exp, n_ff_exp, n_embd)),
+            ("ffn_down_exps", (n_exp, n_embd, n_ff_exp)),
+        ):
+            t(f"{p}{name}.weight", *shape)
+    t("output_norm.weight", n_embd)
+    t("output.weight", n_vocab, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -8,8 +8,9 @@ xllamacpp, a pinned release, or a binary on PATH) lags: a GGUF of a newer archit
   version (a newer wheel, or one built from a fork), run with our worker as the default lane runs it;
 - `switchyard engine register llama.cpp-compat --llama-server PATH`: a `llama-server` binary of any
   revision or fork, run as the `path` runtime runs one;
-- `switchyard engine install llama.cpp-compat`: xllamacpp at the version the manifest names (or `--latest`
-  from PyPI, or `--version`) in an environment of its own, used when nothing is registered.
+- `switchyard engine install llama.cpp-compat --version V`: xllamacpp V from PyPI in an environment of its
+  own, used when nothing is registered (without `--version`, the manifest's, which is the llama.cpp lane's
+  own: useful only while that lane runs an older pin or a binary).
 
 At registration both builds are asked which architectures they load (app/lanes/arch_probe.py). Routing
 then sends a GGUF whose architecture the default build refuses to the capability lane when it loads it
@@ -48,7 +49,7 @@ ARCHS = "archs.json"
 NOT_REGISTERED = (
     "no second llama.cpp build is registered: `switchyard engine register llama.cpp-compat --python PY` "
     "(an interpreter with another xllamacpp) or `--llama-server PATH` (a llama-server of another "
-    "revision or a fork), or `switchyard engine install llama.cpp-compat --latest`"
+    "revision or a fork), or `switchyard engine install llama.cpp-compat --version V` (another xllamacpp)"
 )
 
 

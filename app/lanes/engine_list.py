@@ -158,7 +158,11 @@ def build_fields(
         choice = choose_runtime(settings, hardware)
         return {"build": choice.build, "build_why": choice.why, "runtime": choice.runtime}
     if lane == LLAMA_CPP_COMPAT:  # a build the user brought: what it was built for is its own
-        return {"build": None, "build_why": "the registered build's own (Switchyard cannot tell)", "runtime": None}
+        return {
+            "build": None,
+            "build_why": "the registered build's own (Switchyard cannot tell)",
+            "runtime": None,
+        }
     spec = load_manifest().get(lane)
     packages = build_packages(spec) if spec is not None else None
     chosen = choose_build(lane, machine or machine_now(hardware), packages=packages)

@@ -8,6 +8,7 @@ exit 0 on SIGTERM, and exit on our own when the parent process is gone.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -109,17 +110,24 @@ def _adapter(x: Any, path: str, scale: float) -> Any:
     return info
 
 
+def _flush_llama_log(x: Any) -> Any:
+    """Write out llama.cpp's queued log lines (its logger runs on a thread: lines still queued when the
+    process exits are lost, among them the reason a load failed). Returns the library, for more calls."""
+    lib = ctypes.CDLL(x.xllamacpp.__file__)
+    main_log = lib._Z15common_log_mainv  # common_log_main()
+    main_log.restype = ctypes.c_void_p
+    flush = lib._Z16common_log_flushP10common_log  # common_log_flush(common_log *)
+    flush.argtypes = [ctypes.c_void_p]
+    flush(main_log())
+    return lib
+
+
 def _quiet_llama_log(x: Any) -> None:
-    """Write out llama.cpp's queued load lines (its logger runs on a thread) before we say we are ready,
-    then lower its verbosity for serving. Both are C++ functions the wheel exports but does not wrap;
-    without them the lane still works, reading the lines as they come and more of them per request."""
+    """Write out llama.cpp's queued load lines before we say we are ready, then lower its verbosity for
+    serving. Both are C++ functions the wheel exports but does not wrap; without them the lane still
+    works, reading the lines as they come and more of them per request."""
     try:
-        lib = ctypes.CDLL(x.xllamacpp.__file__)
-        main_log = lib._Z15common_log_mainv  # common_log_main()
-        main_log.restype = ctypes.c_void_p
-        flush = lib._Z16common_log_flushP10common_log  # common_log_flush(common_log *)
-        flush.argtypes = [ctypes.c_void_p]
-        flush(main_log())
+        lib = _flush_llama_log(x)
         lib._Z30common_log_set_verbosity_tholdi(ctypes.c_int(SERVE_VERBOSITY))
     except (OSError, AttributeError) as exc:
         print(f"switchyard-worker: cannot adjust llama.cpp's log ({exc}); keeping it", file=sys.stderr)
@@ -155,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = xllamacpp.Server(_common_params(xllamacpp, params))
     except RuntimeError as exc:
+        with contextlib.suppress(OSError, AttributeError):
+            _flush_llama_log(xllamacpp)  # the load error itself, before our summary line and the exit
         what = (
             f"the model or its vision projector {params.mmproj_path}" if params.mmproj_path else "the model"
         )

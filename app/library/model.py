@@ -120,6 +120,8 @@ class ModelEntry:
     def status(self) -> str:
         if self.problem is not None:
             return "broken"
+        if self.kind_name == "adapter":  # a LoRA adapter: loads with its base model (library/pairing.py)
+            return "adapter"
         return "ok" if self.ok else "no_lane"
 
     @property
@@ -157,8 +159,7 @@ class ModelEntry:
             "format": self.format,
             "kind": self.kind,
             "status": self.status,
-            "problem": self.problem
-            or (None if self.ok else f"no lane for format {self.format} yet ({_RUN_TODAY} run today)"),
+            "problem": self.problem or _not_servable(self),
             "parts": [str(p) for p in self.parts] if len(self.parts) > 1 else [],
             "facts": self.facts.public() if self.facts else None,
             "source": self.source,
@@ -169,3 +170,11 @@ class ModelEntry:
             "vision": mmproj is not None,
             "origin": self.origin.public() if self.origin else None,
         }
+
+
+def _not_servable(entry: ModelEntry) -> str | None:
+    if entry.ok:
+        return None
+    if entry.kind_name == "adapter":
+        return "a LoRA adapter, not a model of its own: it loads with its base model (`switchyard ls`)"
+    return f"no lane for format {entry.format} yet ({_RUN_TODAY} run today)"

@@ -64,8 +64,9 @@ _INSTALL = {
     "serve --pull-only` (the prebuilt llama.cpp release for this machine's GPU)",
     LLAMA_CPP_COMPAT: "`switchyard engine register llama.cpp-compat --python PY` (an interpreter with "
     "another xllamacpp) or `--llama-server PATH` (another revision or a fork), or `switchyard engine install "
-    "llama.cpp-compat --latest`",
-    MISTRAL_RS: "`pip install mistralrs` (mistralrs-cuda or mistralrs-metal for a GPU)",
+    "llama.cpp-compat --version V`",
+    MISTRAL_RS: "`switchyard engine install mistral.rs` (the build for this machine: mistralrs-cuda on an "
+    "NVIDIA GPU, else mistralrs, which has Metal on Apple Silicon) or `pip install mistralrs`",
     MLX: "`switchyard engine install mlx` (or `pip install mlx-lm`; on Linux `pip install mlx[cpu] mlx-lm`)",
     VLLM: "`switchyard engine install vllm` or `pip install vllm` (Linux with an NVIDIA GPU)",
     SGLANG: "`switchyard engine install sglang` or `pip install sglang` (Linux with an NVIDIA GPU)",

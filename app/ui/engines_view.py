@@ -14,7 +14,13 @@ from app.ui.context import Desk
 from app.ui.pages import table
 from app.ui.wording import for_window
 
-_WHERE = {"managed": "own environment", "app": "Switchyard's Python", "path": "binary"}
+_WHERE = {
+    "managed": "own environment",
+    "app": "Switchyard's Python",
+    "path": "binary",
+    "container": "container image",
+    "registered": "registered build",
+}
 
 
 class EnginesPanel(QWidget):

@@ -33,6 +33,7 @@ from app.core.speculation import (
 from app.library.pairing import AdapterChoice, DraftChoices
 
 _TIP = Qt.ItemDataRole.ToolTipRole
+# each knob's label and tooltip (its range is added from speculation.py)
 _LABELS = {
     "size_n": ("N-gram size", "size_n: the tokens of context looked up in the n-gram table"),
     "size_m": ("Tokens drafted", "size_m: the tokens drafted after an n-gram is found"),
@@ -47,6 +48,7 @@ _LABELS = {
         "model's settings (requests are not yet steered by it)",
     ),
 }
+# what a type does, under its knobs (tune.py builds one page per distinct knob list)
 NOTES = {
     "off": "Off: every token comes from the model itself.",
     NGRAM_DEFAULT: "Guesses from a rolling n-gram match of the text so far; pays on output that repeats "
