@@ -56,10 +56,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP) debian-deps
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m "not qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS)
 	@# the Qt tests: one process per file (one QApplication each), as a native crash seen in one file
-	@# only after others had run in the same process must not take the rest down with it
+	@# only after others had run in the same process must not take the rest down with it. A file whose
+	@# process dies of a signal (a native crash inside Qt/qasync, not a failed assertion: seen once in
+	@# test_desktop_defects.py in a clean-clone run, never in 42 runs here) is run once more and must pass;
+	@# a failed test (exit 1) is never rerun
 	@files=$$($(PY) -m pytest -p no:xdist -q --collect-only -m "$(QT_MARK)" $(PYTEST_ARGS) | grep '::' | cut -d: -f1 | sort -u); \
 	for f in $$files; do \
-		echo "== $$f"; $(PY) -m pytest -p no:xdist -q -m "$(QT_MARK)" $(PYTEST_ARGS) $$f || exit 1; \
+		echo "== $$f"; $(PY) -m pytest -p no:xdist -q -m "$(QT_MARK)" $(PYTEST_ARGS) $$f; rc=$$?; \
+		if [ $$rc -ge 128 ]; then \
+			echo "!! $$f: the test process died of signal $$((rc - 128)) (a native crash); running it once more"; \
+			$(PY) -m pytest -p no:xdist -q -m "$(QT_MARK)" $(PYTEST_ARGS) $$f || exit 1; \
+		elif [ $$rc -ne 0 ]; then exit 1; fi; \
 	done
 
 test: lint typecheck pytest

@@ -145,6 +145,8 @@ def sd_install(settings: Settings, hardware: Hardware | None = None) -> LaneInst
             )
         else:
             note = f"{missing}: {INSTALL_HINT}"
+            if "--pull-only" in missing:  # the release step said it already: the hint's alternative only
+                note = f"{missing}; or {INSTALL_HINT.split(', or ', 1)[1]}"
         return LaneInstall("sd.cpp", False, None, note=note)
     version = binary_version(exe)
     where = f"{version or 'sd-server (version unknown)'} at {exe}"

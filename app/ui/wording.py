@@ -34,8 +34,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (
             # the capability lane has no window control: it is rarely needed, and says where to read up
             r"no second llama\.cpp build is registered: .*",
-            "optional: only a GGUF whose architecture the llama.cpp build does not load needs a second "
-            "build; register one from the command line (docs/engines.md, Capability lanes)",
+            "optional: for GGUF architectures llama.cpp lacks (docs/engines.md, Capability lanes)",
         ),
         (r"`switchyard pin \S+ ([^`\s]+)`", r"choose \1 under Lane on the Library page"),
         (
