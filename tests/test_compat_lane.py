@@ -27,7 +27,7 @@ from app.hardware.model import CPUInfo, Hardware, MemoryInfo
 from app.lanes import arch_probe, compat
 from app.lanes.arch_probe import ArchCache, Build
 from app.lanes.kind import dist_version
-from app.routing import LaneInstall, decide
+from app.routing import LaneInstall, check_pin, decide
 from tests.conftest import ServerProcess, wait_gone
 from tests.tinymodels import write_mellum_gguf, write_tiny_gguf
 
@@ -261,3 +261,20 @@ def test_a_newer_architecture_runs_on_the_capability_build(tmp_path: Path) -> No
         pids = server.engine_pids()
         server.stop()
         wait_gone(pids, 5)
+
+
+def test_a_pin_to_the_capability_lane_without_a_build_says_it_is_not_installed(tmp_path: Path) -> None:
+    llama = detect_format(write_tiny_gguf(tmp_path / "l.gguf"))
+    d = decide(
+        llama,
+        hardware=CPU_BOX,
+        installed=_installed(compat_on=False),
+        pins={"l": "llama.cpp-compat"},
+        model_id="l",
+    )
+    assert d.lane == "llama.cpp" and not d.pinned
+    assert "not installed" in d.reasons[0] and "engine register llama.cpp-compat" in d.reasons[0]
+    refusal = check_pin(llama, "llama.cpp-compat", hardware=CPU_BOX, installed=_installed(compat_on=False))
+    assert refusal is not None and "not installed" in refusal
+    with_build = _installed(compat_on=True)
+    assert check_pin(llama, "llama.cpp-compat", hardware=CPU_BOX, installed=with_build) is None

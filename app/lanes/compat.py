@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,7 @@ from app.library.model import ModelEntry
 from app.routing.engines import LLAMA_CPP_COMPAT, title
 from app.routing.model import LaneInstall
 
+log = logging.getLogger("switchyard.compat")
 REGISTERED = "registered.json"
 ARCHS = "archs.json"
 NOT_REGISTERED = (
@@ -70,7 +72,7 @@ def registered(paths: Paths | None = None) -> Build | None:
         try:
             data = json.loads(text)
         except ValueError:
-            data = None
+            log.warning("%s is not valid JSON: no build counts as registered; register it again", REGISTERED)
     if isinstance(data, dict) and data.get("kind") in ("python", "llama-server") and data.get("path"):
         return Build(str(data["kind"]), str(data["path"]), data.get("version") or None)
     found = EngineStore.default().current(LLAMA_CPP_COMPAT)

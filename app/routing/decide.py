@@ -132,6 +132,10 @@ def _lanes(traits: ModelTraits, installed: Mapping[str, LaneInstall]) -> tuple[M
     return traits, LANES
 
 
+def _missing(lane: str, installed: Mapping[str, LaneInstall]) -> Rejection:
+    return Rejection(lane, "not_installed", _not_installed(lane, installed.get(lane)))
+
+
 def _refusal_text(verdict: _Verdict) -> str | None:
     r = verdict.rejection
     if r is None:
@@ -154,7 +158,9 @@ def check_pin(
     """Why pinning this model to `lane` is refused (for `switchyard pin`); None: the lane can run it."""
     if lane not in LANES:
         return _no_such_lane(lane)
-    traits, _ = _lanes(traits_of(fmt), installed)
+    traits, lanes = _lanes(traits_of(fmt), installed)
+    if lane not in lanes:  # the capability lane with no build registered
+        return _refusal_text(_Verdict(lane, _missing(lane, installed)))
     return _refusal_text(_assess(lane, traits, hardware=hardware, installed=installed, fit=fit))
 
 
@@ -236,7 +242,12 @@ def decide(
     pin = (pins or {}).get(model_id)
     refused = None
     if pin is not None:
-        refused = _refusal_text(verdicts[pin]) if pin in verdicts else _no_such_lane(pin)
+        if pin in verdicts:
+            refused = _refusal_text(verdicts[pin])
+        elif pin in LANES:  # the capability lane with no build registered: not weighed, but a real lane
+            refused = _refusal_text(_Verdict(pin, _missing(pin, installed)))
+        else:
+            refused = _no_such_lane(pin)
     pinned = pin is not None and refused is None
     usual = next((c for c in traits.candidates if verdicts[c].rejection is None), None)
     chosen = pin if pinned else usual
