@@ -102,6 +102,11 @@ def test_ls_lists_adapters_with_their_base_or_why_none(isolated_env: Path, model
     out = cli(isolated_env, "ls", "--json", "--models-dir", str(models))
     mine = {m["id"]: m for m in json.loads(out.stdout)["models"]}["my-adapter"]
     assert mine["adapter"]["loaded_by"] == ["tiny"] and "loaded with tiny" in mine["problem"]
+    # explain says what it is, not that its files are unusable
+    why = cli(isolated_env, "explain", "my-adapter", "--json", "--models-dir", str(models))
+    assert why.returncode == 0, why.stderr
+    first = json.loads(why.stdout)["decision"]["reasons"][0]
+    assert first.startswith("Nothing runs it on its own: a LoRA adapter, not a model"), first
 
 
 def test_catalog_never_serves_an_adapter_and_pairs_again_as_models_change(

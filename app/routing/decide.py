@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from app.formats.detect import ModelFormat, ModelKind
+from app.formats.gguf_adapter import ADAPTER_NOTE
 from app.hardware.model import Hardware
 from app.routing.engines import LANES, LLAMA_CPP, LLAMA_CPP_COMPAT, install_hint, title, titles
 from app.routing.machine import hardware_reason, hardware_refusal
@@ -170,6 +171,8 @@ def _kinds(verdicts: list[_Verdict]) -> str:
 
 
 def _nothing_reason(traits: ModelTraits, verdicts: Mapping[str, _Verdict]) -> str:
+    if traits.problem == ADAPTER_NOTE:  # whole and well, but not a model: it rides on its base model
+        return f"Nothing runs it on its own: {_sentence(traits.problem)}"
     if traits.problem:
         return f"Nothing can run it; the model files are unusable: {_sentence(traits.problem)}"
     if traits.kind is ModelKind.MMPROJ:
