@@ -224,6 +224,28 @@ def test_a_stop_through_the_guard_ends_the_engine_as_the_engine_ended(tmp_path: 
     assert done.returncode == 7
 
 
+def test_a_stop_that_comes_while_the_engine_starts_still_ends_it() -> None:
+    """A group stop that reaches the engine between fork and exec is lost at exec (it was taken by the
+    handler inherited from the guard): the guard sends it once more once the engine runs. Here the stop
+    comes just before the start, the same loss, made certain (it flaked once in a clean-clone run)."""
+    code = (
+        "import os, signal, sys; import app.lanes.guard as g; real = g._start\n"
+        "def late(program, *, leader):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(program, leader=leader)\n"
+        "g._start = late\n"
+        "raise SystemExit(g.main(sys.argv[1:]))\n"
+    )
+    guard = subprocess.Popen(
+        [sys.executable, "-c", code, str(os.getpid()), "--", "sleep", "604"], cwd=REPO, start_new_session=True
+    )
+    try:
+        assert guard.wait(20) == -signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(guard.pid, signal.SIGKILL)
+
+
 # ---- the environment an engine starts with ------------------------------------------------------------
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "aws-Zq8Xsecret",

@@ -70,8 +70,10 @@ def main(argv: list[str]) -> int:
     # group of its own (so it can be killed whole) and the guard passes stop signals on to it.
     leader = os.name == "posix" and os.getpgrp() == os.getpid()
     started: list[int] = []
+    stops: list[int] = []  # the stop signals received
 
     def on_stop(signum: int, _frame: object) -> None:
+        stops.append(signum)
         if not leader and started and os.name == "posix":
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(started[0], signum)
@@ -84,6 +86,11 @@ def main(argv: list[str]) -> int:
         print(f"switchyard guard: cannot start {argv[2]}: {exc.strerror or exc}", file=sys.stderr)
         return 127
     started.append(child.pid)
+    if stops:
+        # a stop that came while the child was starting: a group signal that reached it between fork and
+        # exec was taken by the handler it inherited from us and lost at exec, so it is sent once more
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child.pid, stops[-1])
     while (code := child.poll()) is None:
         if not alive():
             _kill_everything(child, leader=leader)
