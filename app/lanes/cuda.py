@@ -193,8 +193,10 @@ class CudaKind(PythonEngineKind):
         choice = choose_engine_runtime(self.lane, settings, package=package, hardware=hardware)
         if choice.runtime is None:
             raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {choice.refusal()}")
-        if choice.runtime != PACKAGE and choice.build is not None:  # the upstream image
-            plan = cuda_plan(
+
+        def plan_with(executable: str | None = None) -> LaunchPlan:
+            assert isinstance(fmt.facts, SafetensorsModel)
+            return cuda_plan(
                 fmt.facts,
                 engine=self.lane,
                 model_id=entry.id,
@@ -203,9 +205,12 @@ class CudaKind(PythonEngineKind):
                 port=free_port,
                 ppid=ppid,
                 used=used,
+                executable=executable,
             )
+
+        if choice.runtime != PACKAGE and choice.build is not None:  # the upstream image
             return engine_in_container(
-                plan,
+                plan_with(),
                 cli=choice.runtime,
                 image=load_images()[self.lane],
                 build=choice.build,
@@ -222,17 +227,7 @@ class CudaKind(PythonEngineKind):
         if self.lane == "vllm":
             beside = Path(python).with_name("vllm")
             exe = str(beside) if beside.is_file() else find_binary("vllm", None)
-        plan = cuda_plan(
-            fmt.facts,
-            engine=self.lane,
-            model_id=entry.id,
-            settings=settings,
-            hardware=hardware,
-            port=free_port,
-            ppid=ppid,
-            used=used,
-            executable=exe,
-        )
+        plan = plan_with(exe)
         return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
 
 

@@ -16,7 +16,7 @@ knob is refused at the start with what this lane takes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from app.core.errors import EngineUnavailableError
@@ -25,9 +25,7 @@ from app.core.speculation import Speculation, speculation_of
 from app.formats.detect import ModelKind
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
-from app.lanes.kind import engine_python
 from app.lanes.mistralrs_api import LaneParams
-from app.lanes.plan import LaunchPlan
 from app.lanes.python_kind import PythonEngineKind
 from app.library.drafts import choose_draft
 from app.library.model import ModelEntry
@@ -166,26 +164,12 @@ class MistralRsKind(PythonEngineKind):
             mtp_n_predict=(spec.n_max or 0) if assistant else 0,
         )
 
-    def build(
-        self,
-        entry: ModelEntry,
-        settings: Settings,
-        *,
-        ppid: int,
-        free_port: int,
-        hardware: Hardware | None,
-        used: Mapping[str, int] | None,
-    ) -> LaunchPlan:
-        # PythonEngineKind.build, with the speculation refused before the model is loaded (mistral.rs
-        # would load the weights first and only then fail to attach the assistant)
-        refusal = self.start_refusal(settings, hardware) or self.model_refusal(entry)
-        refusal = refusal or speculation_refusal(
-            entry, speculation_for(entry.id, settings), hardware=hardware
-        )
-        if refusal:
-            raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.title}: {refusal}")
-        engine = engine_python(self.lane, self.module, self.dist())
-        return self.launch(entry, settings, ppid=ppid, free_port=free_port, engine=engine)
+    def settings_refusal(
+        self, entry: ModelEntry, settings: Settings, hardware: Hardware | None
+    ) -> str | None:
+        # the speculation refused before the model is loaded (mistral.rs would load the weights first and
+        # only then fail to attach the assistant)
+        return speculation_refusal(entry, speculation_for(entry.id, settings), hardware=hardware)
 
     def model_refusal(self, entry: ModelEntry) -> str | None:
         if entry.format == "gguf":

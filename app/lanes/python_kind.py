@@ -77,6 +77,12 @@ class PythonEngineKind:
         """Why this installed lane cannot run `entry`, or None (the format check is routing's)."""
         return None
 
+    def settings_refusal(
+        self, entry: ModelEntry, settings: Settings, hardware: Hardware | None
+    ) -> str | None:
+        """Why the model's own settings cannot start on this kind, checked before anything loads; None."""
+        return None
+
     def worker_params(self, entry: ModelEntry, settings: Settings) -> JsonParams:
         """The params our worker is started with; every kind that has a `worker` says how."""
         raise NotImplementedError(f"{type(self).__name__} names a worker but builds no params for it")
@@ -92,6 +98,7 @@ class PythonEngineKind:
         used: Mapping[str, int] | None,
     ) -> LaunchPlan:
         refusal = self.start_refusal(settings, hardware) or self.model_refusal(entry)
+        refusal = refusal or self.settings_refusal(entry, settings, hardware)
         if refusal:
             raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.title}: {refusal}")
         engine = engine_python(self.lane, self.module, self.dist())  # its own environment, if installed
