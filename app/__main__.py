@@ -10,6 +10,7 @@ from types import ModuleType
 from app import __version__
 from app.cli import GROUPS
 from app.cli.context import CliContext
+from app.cli.options import reader_gone
 from app.core.errors import SwitchyardError
 
 
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `switchyard ls --json | head -1`: the reader has what it wanted
+        return reader_gone()
 
 
 if __name__ == "__main__":

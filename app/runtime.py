@@ -37,13 +37,14 @@ from app.hub.config import hub_config
 from app.hub.download import DownloadManager
 from app.hub.range_reader import RangeReader
 from app.hub.token import TokenStore
-from app.lanes.engine_jobs import EngineJobs
-from app.lanes.engine_store import EngineStore
+from app.lanes.install.jobs import EngineJobs
+from app.lanes.install.store import EngineStore
 from app.lanes.lane import Lane, LaneState
-from app.lanes.remote_store import RemoteStore
-from app.lanes.remotes import RemoteRegistry
+from app.lanes.remote.registry import RemoteRegistry
+from app.lanes.remote.store import RemoteStore
 from app.lanes.smoke import SmokeTests
 from app.lanes.supervisor import Supervisor
+from app.library.app_stores import app_stores
 from app.library.catalog import Catalog
 from app.library.footprints import LibraryFootprints
 from app.library.opening import open_catalog
@@ -51,6 +52,8 @@ from app.library.speeds import LoadKey, SpeedRecorder, SpeedStore
 from app.library.store import Library
 
 log = logging.getLogger("switchyard")
+# settings that change which folders hold models: the catalog rescans when one changes
+RESCAN_KEYS = frozenset({"models_dirs", "hf_cache_dir", "app_stores", "app_store_paths", "shared_model_dirs"})
 
 
 class AsyncPart(Protocol):
@@ -159,6 +162,33 @@ class Runtime:
         if stack is not None:
             await stack.__aexit__(et, ev, tb)
 
+    # ---- lanes: what the window asks (never the supervisor's own dict) ----------------------------------
+    def lane_of(self, model_id: str) -> Lane | None:
+        """The lane that runs `model_id` now (any state), or None when it has none yet."""
+        return self.supervisor.lanes.get(model_id)
+
+    async def forget_lane(self, model_id: str) -> None:
+        """After `model_id` left the library: its (stopped) lane goes too, from `ps` and every view."""
+        await self.supervisor.forget(model_id)
+
+    def live_lanes(self) -> list[Lane]:
+        """Lanes that are loading or ready."""
+        return [
+            ln for ln in self.supervisor.lanes.values() if ln.state in (LaneState.READY, LaneState.STARTING)
+        ]
+
+    def lanes_snapshot(self) -> list[dict[str, object]]:
+        """Every lane's public state, as /api/lanes reports it."""
+        return self.supervisor.snapshot()
+
+    async def load(self, model_id: str) -> Lane:
+        """Start `model_id`'s lane now (its residency rules decide what else stops)."""
+        return await self.supervisor.load(model_id)
+
+    async def unload(self, model_id: str) -> Lane:
+        """Stop `model_id`'s lane (NotFound when it has never had one)."""
+        return await self.supervisor.unload(model_id)
+
     # ---- hardware ----------------------------------------------------------------------------------
     @property
     def hardware(self) -> Hardware | None:
@@ -247,7 +277,7 @@ class Runtime:
             old = self.settings
             keys = changed_keys(old, new)
             stale = self._stale_lanes(old, new)
-            await self._take(new, rescan="models_dirs" in keys or "hf_cache_dir" in keys)
+            await self._take(new, rescan=bool(set(keys) & RESCAN_KEYS))
             restarted: dict[str, str] = {}
             failed: dict[str, str] = {}
             for lane_id, why in stale.items():
@@ -296,8 +326,9 @@ class Runtime:
         for lane in self.supervisor.lanes.values():
             if lane.state not in (LaneState.READY, LaneState.STARTING):
                 continue
-            before = lane_inputs(old, model_id=lane.model_id, engine=lane.engine)
-            after = lane_inputs(new, model_id=lane.model_id, engine=lane.engine)
+            keys = self.supervisor.setting_keys(lane.engine)  # what only its engine kind reads
+            before = lane_inputs(old, model_id=lane.model_id, engine=lane.engine, engine_keys=keys)
+            after = lane_inputs(new, model_id=lane.model_id, engine=lane.engine, engine_keys=keys)
             diff = [k for k in after if before.get(k) != after[k]]
             if diff:
                 out[lane.id] = ", ".join(diff)
@@ -315,6 +346,7 @@ class Runtime:
         if rescan:
             self.catalog.dirs = tuple(new.models_dirs or (self.paths.models,))
             self.catalog.hf_cache = hub_config(new).cache_dir
+            self.catalog.stores = app_stores(new)
             await asyncio.to_thread(self.catalog.scan)
 
 

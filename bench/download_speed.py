@@ -1,6 +1,7 @@
 """`switchyard pull`'s engine against `huggingface_hub.hf_hub_download` on one large file from a local hub.
 
-The fake hub (tests/fakehub.py) runs in a child process of its own, so the two clients measured here never
+The fake hub (tests/support/fakehub.py) runs in a child process of its own, so the two clients measured here
+never
 share a GIL with the server. Two hubs serve the same generated file: one unlimited, one that paces each
 connection to `--rate` bytes/s (what a CDN edge or a shaped link does to one TCP stream).
 
@@ -43,7 +44,7 @@ MB = 1_000_000
 def serve(size: int, rate: int | None) -> None:
     """Child process: a fake hub holding one `size`-byte file, until stdin closes."""
     sys.path.insert(0, str(ROOT))
-    from tests.fakehub import FakeHub
+    from tests.support.fakehub import FakeHub
 
     with FakeHub() as hub:
         hub.add_repo(REPO, {FILE: os.urandom(size)})

@@ -334,12 +334,12 @@ def app_origin() -> str:
 
 
 def counts_prompt(body: bytes, slot_ctx: int) -> str:
-    """Whether the checkout's gateway would count this prompt (its own rule: app.server.gateway since the
+    """Whether the checkout's gateway would count this prompt (its own rule: app.server.gateway.core since the
     one-gateway rebuild, app.server.limits before it)."""
     import importlib
 
     may_exceed = None
-    for module in ("app.server.gateway", "app.server.limits"):
+    for module in ("app.server.gateway.core", "app.server.limits"):
         try:
             may_exceed = getattr(importlib.import_module(module), "may_exceed", None)
         except ImportError:

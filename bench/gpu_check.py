@@ -2,7 +2,7 @@
 lanes for real on an NVIDIA GPU and check them against their plans.
 
 For each engine that is installed: build the lane's command exactly as the supervisor does
-(app/lanes/cuda.py, the share from app/fit/gpu_share.py), start it, wait for /health, send one chat
+(app/lanes/engines/cuda.py, the share from app/fit/gpu_share.py), start it, wait for /health, send one chat
 request and one completion, read the GPU memory the engine's processes hold (NVML), and compare it with
 the plan's prediction. Then both engines at once on one card, each with its planned fraction, to show two
 GPU lanes share it. Prints one JSON report (and writes it to --out).
@@ -38,9 +38,9 @@ sys.path.insert(0, str(REPO))
 
 from app.core.settings import Settings  # noqa: E402
 from app.hardware.probe import probe  # noqa: E402
-from app.lanes.cuda import nvidia_cards  # noqa: E402
-from app.lanes.kinds import engine_kinds  # noqa: E402
-from app.lanes.plan import LaunchPlan  # noqa: E402
+from app.lanes.engines.cuda import nvidia_cards  # noqa: E402
+from app.lanes.engines.plan import LaunchPlan, StartContext  # noqa: E402
+from app.lanes.engines.registry import engine_kinds  # noqa: E402
 from app.library.model import ModelEntry  # noqa: E402
 
 READY_TIMEOUT_S = 900
@@ -56,7 +56,7 @@ def write_small_model(folder: Path) -> Path:
     """A llama with zero weights (bf16), 2 layers, and a word-level tokenizer with a chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from tests.modelgen import LlamaDims, llama_tensors, write_hf_dir
+    from tests.support.modelgen import LlamaDims, llama_tensors, write_hf_dir
 
     dims = LlamaDims(n_layer=2, hidden=256, heads=8, kv_heads=4, ff=512, vocab=512)
     write_hf_dir(folder, dims.config(bos_token_id=1, eos_token_id=2), llama_tensors(dims))
@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     # one at a time, then every present engine at once on the same card(s), each with its own share
     for engine in present:
         plan = kinds[engine].build(
-            entry, settings, ppid=os.getpid(), free_port=free_port(), hardware=hw, used=None
+            entry,
+            settings,
+            StartContext(ppid=os.getpid(), port=free_port(), hardware=hw),
         )
         s = Started(engine, plan, work / f"{engine}.log")
         try:
@@ -235,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for engine in present:
                 plan = kinds[engine].build(
-                    entry, settings, ppid=os.getpid(), free_port=free_port(), hardware=hw, used=used
+                    entry,
+                    settings,
+                    StartContext(ppid=os.getpid(), port=free_port(), hardware=hw, used=used),
                 )
                 for d in (plan.predicted() or {}).get("devices", []):
                     used[d["device"]] = used.get(d["device"], 0) + int(d["total"])

@@ -3,7 +3,8 @@ the llama-server runtime on an NVIDIA card.
 
 1. A `llama-server` with CUDA: `--binary`, else built from a llama.cpp source snapshot (`--source`) for
    the card's architecture (`--arch`, default from NVML, e.g. 90 for an H200), llama-server target only.
-2. Generated models (tests/tinymodels.py: random f32 llamas, a 135 MB one and a 370 MB one), each started
+2. Generated models (tests/support/tinymodels.py: random f32 llamas, a 135 MB one and a 370 MB one), each
+started
    through Switchyard's own supervisor with `runtime = "path"` and the automatic GPU placement.
 3. Per model: the lane serving on the GPU (llama.cpp's CUDA buffers in its load log), tokens per second
    (llama-server's own `timings` for 256 tokens, ignore_eos), and the predicted CUDA buffers (weights, KV,
@@ -34,7 +35,7 @@ from app.core.paths import Paths  # noqa: E402
 from app.core.settings import Settings  # noqa: E402
 from app.hardware.probe import probe  # noqa: E402
 from app.runtime import Runtime  # noqa: E402
-from tests.tinymodels import LARGE, TinySpec, write_tiny_gguf  # noqa: E402
+from tests.support.tinymodels import LARGE, TinySpec, write_tiny_gguf  # noqa: E402
 
 MIB = 1 << 20
 TOLERANCE = 0.05

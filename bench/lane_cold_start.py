@@ -158,7 +158,7 @@ def main() -> int:
         child(args.child, args.models, args.cycles, args.requests)
         return 0
     sys.path.insert(0, str(REPO))
-    from tests.tinymodels import CHAT, write_tiny_gguf
+    from tests.support.tinymodels import CHAT, write_tiny_gguf
 
     models = Path(tempfile.mkdtemp(prefix="sy-bench-models-"))
     write_tiny_gguf(models / "tiny.gguf", CHAT)

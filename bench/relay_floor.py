@@ -4,7 +4,7 @@ forwarded message, with no HTTP, no Python per event beyond `transport.write` in
 A producer process writes `--events` messages of SSE size, one every `--gap-ms`, to a socket; a relay
 process (this file, `--relay`) forwards each to a reader as it arrives. The relay's own CPU time (from
 /proc/<pid>/task/*/schedstat) divided by the messages is the figure: what one wake-up and one send cost
-here. Switchyard's byte relay (app/server/relay.py) does that much plus its frame tracking; its gateway
+here. Switchyard's byte relay (gateway/relay.py) does that much plus its frame tracking; its gateway
 figure in docs/performance.md can be read against this one.
 
 Three relays are measured, interleaved round by round: the uvloop protocol relay, a thread doing blocking

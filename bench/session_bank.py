@@ -1,7 +1,8 @@
 """Session banking: the returning turn of a long conversation after a swap, banked against not banked.
 
 Two `switchyard serve` processes run side by side, alike but for `session_bank` (on / off), each with the
-large generated model (tests/tinymodels.py LARGE: 512 wide, 8 layers) and the tiny one, one lane at a time
+large generated model (tests/support/tinymodels.py LARGE: 512 wide, 8 layers) and the tiny one, one lane at a
+time
 (`single` residency, `max_loaded_lanes` 1), one 4096-token slot. For each pair, on both servers in turn
 (which side goes first alternates):
 
@@ -37,7 +38,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.tinymodels import CHAT, LARGE, write_tiny_gguf  # noqa: E402
+from tests.support.tinymodels import CHAT, LARGE, write_tiny_gguf  # noqa: E402
 
 PINNED = {"grammar": 'root ::= "the answer is 42"'}
 

@@ -2,7 +2,11 @@
 
 Every worker loops over a mix of requests (OpenAI streamed and not, Anthropic streamed, two models so the
 lane swaps) and plays a client kind chosen per request: a normal one, one that hangs up mid-stream, or a slow
-reader. A fault task SIGKILLs the running engine every `--kill-every` seconds. Each request ends in one of:
+reader. Mixed in: chat requests with images (a small PNG, which these projector-less models refuse, and a
+decompression bomb, refused from its header), Realtime transcription sessions (a few seconds of audio per
+append through voice detection, then cleared) and eval runs (a one-case suite through the server's own
+gateway). A fault task SIGKILLs the running engine every `--kill-every` seconds, and a watcher times
+`/health` twice a second (a pause over a second is a failure). Each request ends in one of:
 
     ok        the answer came whole (a streamed one ends with its final event)
     refused   a clean error: an error envelope with a code, or an in-stream error event
@@ -46,6 +50,7 @@ from gateway_overhead import Server
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("soak-a", "soak-b")
 REQUEST_DEADLINE_S = 120.0
+HEALTH_STALL_S = 1.0
 
 
 @dataclass
@@ -56,6 +61,8 @@ class Tally:
     kills: int = 0
     rss: list[tuple[float, int]] = field(default_factory=list)
     seen_pids: set[int] = field(default_factory=set)
+    kinds: Counter[str] = field(default_factory=Counter)
+    health_worst: float = 0.0
 
     def fail(self, why: str) -> None:
         self.outcomes["FAILED"] += 1
@@ -87,6 +94,110 @@ def _body(kind: str, model: str, *, stream: bool) -> tuple[str, dict[str, object
         "stream": stream,
         "messages": [{"role": "user", "content": "Tell me about the sea."}],
     }
+
+
+def _png(width: int, height: int, idat: bytes) -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def _images() -> tuple[str, str]:
+    """(a small real PNG, a bomb declaring 16384x16384 in a few KB) as data: URLs."""
+    import base64
+    import zlib
+
+    small = _png(16, 16, zlib.compress(b"".join(b"\0" + b"\x80" * 48 for _ in range(16))))
+    bomb = _png(16384, 16384, zlib.compress(b"\0" * 65536))
+    small_url, bomb_url = (f"data:image/png;base64,{base64.b64encode(b).decode()}" for b in (small, bomb))
+    return small_url, bomb_url
+
+
+IMAGES = _images()
+SUITE_NAME = "soak-suite.yaml"
+
+
+async def refused_or_failed(t: Tally, r: aiohttp.ClientResponse, what: str) -> None:
+    payload = await r.read()
+    code = _error_code(payload)
+    if r.status >= 500 or code is None:
+        t.fail(f"HTTP {r.status} on {what}: {payload[:200]!r}")
+    else:
+        t.outcomes["refused"] += 1
+        t.codes[code] += 1
+
+
+async def one_image(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
+    image = random.choice(IMAGES)
+    content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": image}}]
+    body = {
+        "model": random.choice(MODELS),
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": content}],
+    }
+    async with http.post(url + "/v1/chat/completions", json=body) as r:
+        if r.status >= 400:
+            await refused_or_failed(t, r, "an image request")
+        else:
+            t.outcomes["ok"] += 1
+
+
+async def one_realtime(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
+    import base64
+
+    noise = os.urandom(24000 * 2 * random.choice((1, 3)))  # 1 or 3 s of 24 kHz PCM16
+    async with http.ws_connect(url + "/v1/realtime?intent=transcription") as ws:
+        first = await ws.receive_json()
+        if first.get("type") != "session.created":
+            t.fail(f"realtime: {str(first)[:200]}")
+            return
+        await ws.send_json({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+        await ws.send_json({"type": "input_audio_buffer.clear"})
+        while True:
+            event = await ws.receive_json()
+            if event.get("type") == "input_audio_buffer.cleared":
+                t.outcomes["ok"] += 1
+                return
+            if event.get("type") == "error":
+                t.outcomes["refused"] += 1
+                t.codes[str(event["error"].get("code"))] += 1
+                return
+
+
+async def one_eval(http: aiohttp.ClientSession, url: str, t: Tally, suite: Path) -> None:
+    async with http.post(url + "/api/evals", json={"model": MODELS[0], "suite": str(suite)}) as r:
+        if r.status >= 400:
+            await refused_or_failed(t, r, "an eval run")
+            return
+        doc = await r.json()
+        if "score" in doc:
+            t.outcomes["ok"] += 1
+        else:
+            t.fail(f"eval answered 200 without a score: {str(doc)[:200]}")
+
+
+async def health_watch(http: aiohttp.ClientSession, url: str, t: Tally, until: float) -> None:
+    while time.monotonic() < until:
+        started = time.monotonic()
+        try:
+            async with http.get(url + "/health") as r:
+                await r.read()
+                ok = r.status == 200
+        except aiohttp.ClientError as exc:
+            t.fail(f"/health: {type(exc).__name__}: {exc}")
+            ok = True
+        took = time.monotonic() - started
+        t.health_worst = max(t.health_worst, took)
+        if not ok:
+            t.fail(f"/health answered HTTP {r.status}")
+        if took > HEALTH_STALL_S:
+            t.fail(f"/health took {took:.2f} s")
+        await asyncio.sleep(0.5)
 
 
 def _error_code(payload: bytes) -> str | None:
@@ -153,12 +264,21 @@ async def one(http: aiohttp.ClientSession, url: str, t: Tally, *, client: str) -
             t.fail(f"stream on {path} ended after {lines} lines without a final or an error event")
 
 
-async def worker(http: aiohttp.ClientSession, url: str, t: Tally, until: float) -> None:
+async def worker(http: aiohttp.ClientSession, url: str, t: Tally, until: float, suite: Path) -> None:
     while time.monotonic() < until:
         client = random.choices(("normal", "dropper", "slow"), weights=(7, 2, 1))[0]
+        kind = random.choices(("chat", "image", "realtime", "eval"), weights=(80, 8, 7, 5))[0]
+        t.kinds[kind] += 1
         try:
             async with asyncio.timeout(REQUEST_DEADLINE_S):
-                await one(http, url, t, client=client)
+                if kind == "image":
+                    await one_image(http, url, t)
+                elif kind == "realtime":
+                    await one_realtime(http, url, t)
+                elif kind == "eval":
+                    await one_eval(http, url, t, suite)
+                else:
+                    await one(http, url, t, client=client)
         except TimeoutError:
             t.fail(f"no answer in {REQUEST_DEADLINE_S:.0f} s")
         except aiohttp.ClientError as exc:
@@ -197,15 +317,16 @@ def survivors(pids: set[int]) -> list[str]:
     return left
 
 
-async def soak(args: argparse.Namespace, server: Server) -> Tally:
+async def soak(args: argparse.Namespace, server: Server, suite: Path) -> Tally:
     t = Tally()
     url = server.url
     timeout = aiohttp.ClientTimeout(total=None, sock_read=REQUEST_DEADLINE_S)
     conn = aiohttp.TCPConnector(limit=args.streams * 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
         until = time.monotonic() + args.minutes * 60
-        tasks = [asyncio.create_task(worker(http, url, t, until)) for _ in range(args.streams)]
+        tasks = [asyncio.create_task(worker(http, url, t, until, suite)) for _ in range(args.streams)]
         tasks.append(asyncio.create_task(sampler(server, t, until)))
+        tasks.append(asyncio.create_task(health_watch(http, url, t, until)))
         if args.kill_every > 0:
             tasks.append(asyncio.create_task(killer(http, server, t, until, args.kill_every)))
         await asyncio.gather(*tasks)
@@ -231,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         models = work / "models"
         models.mkdir()
         write_models(models)
+        suite = work / SUITE_NAME  # one case the tiny model answers exactly, through a grammar
+        case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
+        case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
+        suite.write_text(json.dumps({"name": "soak", "cases": [case]}))
         server = Server(work / "home", models, parallel=4, threads=1, log_level="warning", slot_ctx=1024)
         server.wait_ready()
         t0 = time.monotonic()
         try:
-            t = asyncio.run(soak(args, server))
+            t = asyncio.run(soak(args, server, suite))
         finally:
             code, _ = server.stop()
         time.sleep(2)
@@ -244,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     a, b, ratio = rss_report(t)
     print(f"soak: {args.streams} streams, {(time.monotonic() - t0) / 60:.1f} min, {t.kills} engine kills")
     print(f"requests: {total}  " + "  ".join(f"{k}={v}" for k, v in sorted(t.outcomes.items())))
+    print("traffic: " + ", ".join(f"{k}={v}" for k, v in t.kinds.most_common()))
     print("refusal codes: " + ", ".join(f"{k}={v}" for k, v in t.codes.most_common()))
+    print(f"/health: slowest answer {t.health_worst * 1000:.0f} ms")
     print(f"serve RSS: {a:.1f} MiB after warm-up, {b:.1f} MiB in the last minute (ratio {ratio:.2f})")
     print(f"serve exit code {code}; processes left after stop: {len(left)}")
     for line in left:

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import running_server  # noqa: E402
-from tests.tinymodels import LARGE, write_tiny_gguf  # noqa: E402
+from tests.support.tinymodels import LARGE, write_tiny_gguf  # noqa: E402
 
 PASSAGE = "def scale(values, factor):\n    return [v * factor for v in values]\n\n" * 3
 SETTINGS: list[tuple[str, dict[str, Any]]] = [

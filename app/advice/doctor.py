@@ -17,8 +17,9 @@ from app.core.pins import PinStore
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.hardware.probe import probe
-from app.lanes.installed import installed_lanes, lane_report
-from app.lanes.runtimes import doctor_rows
+from app.lanes.engines.registry import default_lane
+from app.lanes.install.installed import installed_lanes, lane_report
+from app.lanes.install.runtimes import doctor_rows
 from app.library.opening import opened_catalog
 
 LOW_DISK = 10 << 30
@@ -42,7 +43,8 @@ def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -
     if not hw.gpus:
         problems.append(_problem("info", "no GPU found: models run on the CPU"))
     lanes = installed_lanes(settings)
-    if not lanes["llama.cpp"].installed:
+    first = default_lane("gguf")  # the lane a GGUF chat model runs on: without it, nothing runs
+    if first is not None and not lanes[first].installed:
         problems.append(
             _problem("error", "no llama.cpp runtime: `pip install xllamacpp` or put llama-server on PATH")
         )

@@ -14,20 +14,31 @@ from pathlib import Path
 from typing import Any
 
 from app.advice.inputs import AdviceInputs, local_inputs, with_overrides
-from app.core.errors import SettingsError
+from app.core.errors import ModelBrokenError, SettingsError
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
-from app.fit.plan import CPU, GPU, FitReport, Placement, calibrated, device_bandwidths, rate
+from app.fit.plan import (
+    CPU,
+    GPU,
+    FitReport,
+    Placement,
+    calibrated,
+    device_bandwidths,
+    rate,
+    speed_words,
+)
 from app.formats.detect import ModelKind
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import Hardware
-from app.lanes.compat import gguf_architecture, survey
-from app.lanes.installed import installed_lanes
-from app.lanes.llamacpp import fit_for, requested_ctx
-from app.lanes.llamacpp_spec import speculation_for
+from app.lanes.engines.cuda import SHARE_ENGINES
+from app.lanes.engines.llamacpp.compat import gguf_architecture, survey
+from app.lanes.engines.llamacpp.kind import fit_for, requested_ctx
+from app.lanes.engines.llamacpp.spec import speculation_for
+from app.lanes.engines.registry import kind_of
+from app.lanes.install.installed import installed_lanes
 from app.library.catalog import ModelEntry
 from app.library.drafts import choose_draft
 from app.library.footprints import LibraryFootprints
@@ -46,11 +57,26 @@ def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
     return FitCheck(report.fits, report.summary)
 
 
+def _sizes_own_gguf_cache(lane: str | None) -> bool:
+    """A kind that reads GGUF files and sizes its own cache (mistral.rs): nothing is predicted for it."""
+    kind = kind_of(lane) if lane else None
+    return kind is not None and kind.memory == "runtime-managed" and "gguf" in kind.formats
+
+
+def _lane_fit(lane: str, report: FitReport, settings: Settings) -> FitCheck | None:
+    """A GGUF's fit on `lane`: the memory plan on a kind that plans (both llama.cpp builds plan alike),
+    the same file's "does not fit" on one that sizes its own cache, else nothing."""
+    kind = kind_of(lane)
+    if kind is not None and kind.memory == "planned":
+        return _fit_check(report, settings)
+    return _same_file_check(lane, report, settings)
+
+
 def _same_file_check(lane: str, report: FitReport, settings: Settings) -> FitCheck | None:
     """mistral.rs reads the same GGUF and sizes its own cache, so nothing is predicted for it; it only shares
     llama.cpp's "does not fit" (the same weights, at the context asked for). Routing then does not offer
     it as the way out of a refusal the server itself never routes around."""
-    if lane != "mistral.rs":
+    if not _sizes_own_gguf_cache(lane):
         return None
     check = _fit_check(report, settings)
     if check.fits:
@@ -137,6 +163,8 @@ class Explanation:
         fit = self.fit.public() if self.fit else None
         if fit and fit["chosen"] and m is not None:  # only where measured: a hub plan stays the fit's own
             fit["chosen"]["measured_tokens_per_s"] = m.gen_tps
+        if fit and self.fit:
+            _with_measured(fit, self.fit, self.speeds)
         return {
             "model": self.model,
             "path": str(self.path),
@@ -161,6 +189,24 @@ class Explanation:
             "measured_speeds": [s.public() for s in self.speeds],
             "speed_calibration": self.calibration,
         }
+
+
+def _with_measured(fit: dict[str, Any], report: FitReport, speeds: Sequence[Speed]) -> None:
+    """Each placement this model was measured on carries its measurement, and a summary that would call
+    the speed "not measured yet" says the measured figure instead (the speed model stays uncalibrated
+    until a model large enough to teach it has run; this model's own answers are still measured)."""
+    by_device: dict[str, Speed] = {}
+    for s in speeds:  # the most recent first
+        by_device.setdefault(s.device, s)
+    for doc, p in zip(fit["placements"], report.placements, strict=True):
+        got = by_device.get(speed_device(p))
+        if got is not None:
+            doc["measured_tokens_per_s"] = got.gen_tps
+    chosen = report.chosen
+    got = by_device.get(speed_device(chosen)) if chosen else None
+    words = speed_words(chosen) if chosen and not chosen.tokens_per_s else ""
+    if got is not None and words and fit["summary"].endswith(words):
+        fit["summary"] = fit["summary"][: -len(words)] + f", measured {rate(got.gen_tps)} tokens/s here"
 
 
 def _range(fit: FitReport | None) -> list[float] | None:
@@ -206,9 +252,7 @@ def explain(
             return FitCheck(share["fits"], share["summary"])
         if report is None:
             return None
-        if lane_name in ("llama.cpp", "llama.cpp-compat"):  # both llama.cpp builds plan alike
-            return _fit_check(report, settings)
-        return _same_file_check(lane_name, report, settings)
+        return _lane_fit(lane_name, report, settings)
 
     if (arch := gguf_architecture(entry)) is not None:
         survey(settings, [arch], hardware=hardware)  # with a capability build: both builds asked once
@@ -220,7 +264,10 @@ def explain(
         model_id=entry.id,
         fit=fit,
     )
-    ctx, auto = requested_ctx(entry, settings) if entry.ok and entry.facts else (0, True)
+    try:
+        ctx, auto = requested_ctx(entry, settings) if entry.ok and entry.facts else (0, True)
+    except ModelBrokenError:  # a corrupt header's window: the fit above says why
+        ctx, auto = 0, True
     return Explanation(
         model=entry.id,
         path=entry.path,
@@ -318,7 +365,7 @@ def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) ->
     if settings.ctx_size:
         length = settings.ctx_size
     out: dict[str, dict[str, Any]] = {}
-    for engine in ("vllm", "sglang"):
+    for engine in SHARE_ENGINES:
         try:
             share = plan_gpu_share(model, gpu, engine=engine, max_model_len=length, name=gpu.name)
         except GPUShareRefused as exc:
@@ -363,7 +410,7 @@ def render(doc: dict[str, Any]) -> str:
             out.append(f"memory: {doc.get('fit_problem') or 'not estimated'}")
         return "\n".join(out)
     req = doc["requested"]
-    if (doc.get("decision") or {}).get("lane") == "mistral.rs":
+    if _sizes_own_gguf_cache((doc.get("decision") or {}).get("lane")):
         # runtime-managed: mistral.rs sizes its own cache; llama.cpp's plan is shown only to compare with
         out.append("memory: mistral.rs sizes its own KV cache; only what it holds once loaded is measured.")
         out.append(f"llama.cpp's plan for the same file: {fit['summary']}")
@@ -438,8 +485,11 @@ def _device_table(devices: list[dict[str, Any]]) -> list[str]:
 
 
 def _speed_text(p: dict[str, Any]) -> str:
-    if p.get("tokens_per_s"):
+    measured = p.get("measured_tokens_per_s")
+    if p.get("tokens_per_s"):  # the measured figure is on its own line below (_measured_lines)
         return f", ~{rate(p['tokens_per_s'])} tok/s ({'calibrated' if p.get('calibrated') else 'estimated'})"
+    if measured:  # this model ran here, though nothing calibrates the speed model yet
+        return f", measured {rate(measured)} tok/s here"
     band = p.get("tokens_per_s_range")
     if band:
         return f", {rate(band[0])}-{rate(band[1])} tok/s (a range: nothing measured here yet)"
@@ -451,9 +501,14 @@ def _measured_lines(doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for s in doc.get("measured_speeds") or []:
         prompt = f", prompt {rate(s['prompt_tokens_per_s'])} tok/s" if s.get("prompt_tokens_per_s") else ""
+        which = (
+            "the first answer after a load (weights still being read in; the next answers replace it)"
+            if s.get("first_answer_only")
+            else f"median of the last answers ({s['samples']} recorded"
+        )
         out.append(
             f"measured on {s['lane']} ({s['device']}): {rate(s['tokens_per_s'])} tok/s generating{prompt}, "
-            f"median of the last answers ({s['samples']} recorded, last {time.ctime(s['at'])})"
+            f"{which}, last {time.ctime(s['at'])}" + ("" if s.get("first_answer_only") else ")")
         )
     cal = doc.get("speed_calibration") or {}
     for c in cal.get("devices") or ([cal] if cal else []):  # a server from before `devices`: its one
@@ -474,9 +529,7 @@ def pin_refusal(entry: ModelEntry, lane: str, *, settings: Settings, hardware: H
     def fit(lane_name: str) -> FitCheck | None:
         if not isinstance(report, FitReport):
             return None
-        if lane_name in ("llama.cpp", "llama.cpp-compat"):  # both llama.cpp builds plan alike
-            return _fit_check(report, settings)
-        return _same_file_check(lane_name, report, settings)
+        return _lane_fit(lane_name, report, settings)
 
     return check_pin(fmt, lane, hardware=hardware, installed=installed_lanes(settings), fit=fit)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,6 +25,7 @@ from app.advice.explain import _gpu_shares, _hw_summary, explain
 from app.advice.inputs import AdviceInputs
 from app.core.errors import HubError
 from app.core.units import fmt_bytes
+from app.fit.plan import rate
 from app.formats.detect import ModelFormat, ModelKind
 from app.formats.gguf_meta import GGUFFacts, read_gguf
 from app.formats.safetensors_meta import SafetensorsModel, SafetensorsProblem, model_from_metadata
@@ -31,7 +33,7 @@ from app.hub.api import ModelDetail
 from app.hub.quant import QuantChoice, RepoFile
 from app.hub.range_reader import Prefix, RangeReader, sparse_copy
 from app.hub.selection import pulled_projector
-from app.lanes.installed import installed_lanes
+from app.lanes.install.installed import installed_lanes
 from app.library.model import ModelEntry
 from app.routing import FitCheck, decide
 
@@ -46,6 +48,19 @@ VERDICT_WORDS = {
 
 def _unknown(reason: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": None, "fits": None, "summary": reason, "problem": reason, "lane": None, **extra}
+
+
+def speed_words(v: Mapping[str, Any]) -> str:
+    """A verdict's generation speed in a few words: the calibrated figure, else the speed model's range,
+    else "-" (nothing to estimate it from); what was measured here beside either."""
+    measured = v.get("measured_tokens_per_s")
+    also = f" (measured {rate(measured)})" if measured else ""
+    if v.get("tokens_per_s"):
+        return f"~{rate(v['tokens_per_s'])} tok/s{also}"
+    band = v.get("tokens_per_s_range")
+    if band:
+        return f"{rate(band[0])}-{rate(band[1])} tok/s{also}"
+    return f"{rate(measured)} tok/s measured" if measured else "-"
 
 
 def fit_choice(
@@ -107,6 +122,7 @@ def fit_choice(
             ctx_size=chosen.get("ctx_size"),
             max_ctx=chosen.get("max_ctx") if chosen else (best or None),
             tokens_per_s=chosen.get("tokens_per_s"),
+            tokens_per_s_range=chosen.get("tokens_per_s_range"),  # while nothing calibrates the figure
             advice=fit.get("advice", []),
             plan=fit,
         )

@@ -139,11 +139,24 @@ class Recommendations:
         ranked = self.tasks.get(task) or ()
         return ranked[0] if ranked and ranked[0].verdict.fits is not False else None
 
+    def pace(self, task: str) -> str | None:
+        """Said when nothing that fits is fast enough for `task` here (None: something is, or unknown)."""
+        best = self.best(task)
+        if best is None or best.usable is not False:
+            return None
+        r = best.public()
+        return (
+            f"nothing in the list is fast enough for {task} on this machine (it wants "
+            f"{rate(r['usable_tok_s'])} tokens/s); the quickest that fits, {r['pull'][0]}, is predicted at "
+            f"{predicted_words(r, tag='')}"
+        )
+
     def public(self) -> dict[str, Any]:
         return {
             "hardware": dict(self.hardware),
             "hub_problem": self.hub_problem,
             "tasks": {t: [r.public() for r in rs] for t, rs in self.tasks.items()},
+            "pace": {t: note for t in self.tasks if (note := self.pace(t))},
         }
 
 
@@ -363,15 +376,18 @@ def usable(c: Candidate, v: Verdict) -> bool | None:
     return False if high < threshold else None
 
 
-def _order(r: Recommendation) -> tuple[int, int, int]:
+def _order(r: Recommendation) -> tuple[int, int, float, int]:
     three = {True: 0, None: 1, False: 2}
-    return three[r.verdict.fits], three[r.usable], r.candidate.rank
+    # among the slow ones the quickest first: a model at 0.5 tokens/s is no first choice, whatever its rank
+    slow = -r.verdict.predicted[1] if r.usable is False and r.verdict.predicted else 0.0
+    return three[r.verdict.fits], three[r.usable], slow, r.candidate.rank
 
 
 def rank(
     judged: Iterable[tuple[Candidate, Verdict]], *, hardware: Hardware, hub_problem: str | None = None
 ) -> Recommendations:
-    """Per task, best first: fits, then usable speed, then the list's quality order."""
+    """Per task, best first: fits, then usable speed (the slow ones quickest first), then the list's
+    quality order."""
     by_task: dict[str, list[Recommendation]] = {t: [] for t in TASKS}
     for c, v in judged:
         by_task[c.task].append(Recommendation(c, v, usable(c, v)))

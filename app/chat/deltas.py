@@ -165,8 +165,28 @@ class StreamReader:
 
     def chunks(self, data: bytes) -> list[dict[str, Any]]:
         """The complete chunks in `data` (plus what an earlier call left unfinished). Raises StreamRefusal."""
-        buf = self._buf + data if self._buf else data
         out: list[dict[str, Any]] = []
+        for payload in self._payloads(data):
+            if (obj := self._chunk(payload)) is not None:
+                out.append(obj)
+        return out
+
+    def deltas(self, data: bytes) -> list[Delta]:
+        """The deltas of the complete chunks in `data`. A chunk that carries only text (all but a stream's
+        first and last few) becomes its Text without a JSON object built for it."""
+        out: list[Delta] = []
+        for payload in self._payloads(data):
+            if (text := plain_text(payload)) is not None:
+                out.append(Text(text))
+            elif (obj := self._chunk(payload)) is not None:
+                out += chunk_deltas(obj)
+        return out
+
+    def _payloads(self, data: bytes) -> list[bytes]:
+        """The `data:` payloads of the complete lines in `data`, up to `[DONE]`. Raises StreamRefusal for an
+        `error:` line."""
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
         start = 0
         while not self.done:
             end = buf.find(b"\n", start)
@@ -183,21 +203,47 @@ class StreamReader:
             if payload == b"[DONE]":
                 self.done = True
                 break
-            try:
-                obj = json.loads(payload)
-            except ValueError:
-                log.warning("the engine sent a stream line that is not JSON: %r", line[:200])
-                continue
-            if isinstance(obj, dict):
-                if "error" in obj and "choices" not in obj:
-                    self._buf = b""
-                    raise StreamRefusal(payload)
-                out.append(obj)
+            out.append(payload)
         self._buf = buf[start:]
         return out
 
-    def deltas(self, data: bytes) -> list[Delta]:
-        out: list[Delta] = []
-        for chunk in self.chunks(data):
-            out += chunk_deltas(chunk)
-        return out
+    def _chunk(self, payload: bytes) -> dict[str, Any] | None:
+        """One payload as its JSON chunk; None (logged) when it is not a JSON object. Raises StreamRefusal
+        for an error object."""
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            log.warning("the engine sent a stream line that is not JSON: %r", payload[:200])
+            return None
+        if not isinstance(obj, dict):
+            return None
+        if "error" in obj and "choices" not in obj:
+            self._buf = b""
+            raise StreamRefusal(payload)
+        return obj
+
+
+# llama.cpp's chunk for one piece of text, up to the text itself; what follows the text's closing quote
+# must close the delta, the choice and the list, and the chunk's other keys must carry no usage or timings
+_TEXT_HEAD = b'{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"'
+_TEXT_END = b'"}}],'
+
+
+def plain_text(payload: bytes) -> str | None:
+    """The text of a chunk that carries nothing but text, read from its bytes; None for any other chunk
+    (reasoning, a tool call, a finish, usage, an escaped character, another engine's layout), which is
+    then read as JSON. Same answer as chunk_deltas for the chunks it accepts."""
+    if not payload.startswith(_TEXT_HEAD):
+        return None
+    begin = len(_TEXT_HEAD)
+    quote = payload.find(b'"', begin)
+    if quote < 0 or payload.find(b"\\", begin, quote) >= 0:
+        return None  # an escape: the closing quote may be elsewhere, and the text needs JSON's decoding
+    if not payload.startswith(_TEXT_END, quote) or b'"usage"' in payload or b'"timings"' in payload:
+        return None
+    if quote == begin or not payload.endswith(b"}"):
+        return None  # empty text (no delta), or a truncated chunk: JSON says what it is
+    try:
+        return payload[begin:quote].decode()
+    except UnicodeDecodeError:
+        return None

@@ -36,7 +36,7 @@ def _summary(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
     if server is not None:
         summary: dict[str, Any] = server.get("/api/bank", timeout=30)
         return summary
-    from app.lanes.bank import bank_summary
+    from app.lanes.bank.sessions import bank_summary
 
     budget = ctx.base_settings().session_bank_budget_mib * MIB
     return bank_summary(ctx.paths.home, budget_bytes=budget)
@@ -48,7 +48,7 @@ def _clear(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
         query = f"?model={urllib.parse.quote(args.model)}" if args.model else ""
         answer: dict[str, Any] = server.call("DELETE", "/api/bank" + query, timeout=30)
         return answer
-    from app.lanes.bank import bank_clear
+    from app.lanes.bank.sessions import bank_clear
 
     return dict(bank_clear(ctx.paths.home, model_id=args.model))
 

@@ -197,7 +197,7 @@ def auth_hint(url: str, *, sent: bool) -> str:
     if sent:
         return (
             f"the server at {url} refused the API key (unknown, revoked or mistyped); check --api-key or "
-            f"{API_KEY_ENV} against `switchyard keys list` on the server's machine"
+            f"{API_KEY_ENV} against `switchyard keys ls` on the server's machine"
         )
     return (
         f"the server at {url} requires an API key; pass --api-key KEY or set {API_KEY_ENV}=KEY "

@@ -83,8 +83,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    from app.lanes import engine_install
-    from app.lanes.engine_store import EngineStore, spec_for
+    from app.lanes.install import engine as engine_install
+    from app.lanes.install.store import EngineStore, spec_for
 
     settings = ctx.base_settings()
     store = EngineStore(ctx.paths.engines)
@@ -109,14 +109,14 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             _compat_survey(settings)
         return done
     if cmd == "register":
-        from app.lanes import compat
+        from app.lanes.engines.llamacpp import compat
 
         registered = compat.register(python=args.python, llama_server=args.llama_server)
         print(f"llama.cpp-compat: registered {registered.describe()}")
         _compat_survey(settings)
         return EXIT_OK
     if cmd == "unregister":
-        from app.lanes import compat
+        from app.lanes.engines.llamacpp import compat
 
         forgot = compat.unregister()
         print("llama.cpp-compat: " + ("registration removed" if forgot else "nothing was registered"))
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def _compat_survey(settings: Settings) -> None:
     """Ask both llama.cpp builds which architectures they load, and say what the second one adds."""
-    from app.lanes import compat
+    from app.lanes.engines.llamacpp import compat
 
     found = compat.survey_all(settings)
     if not found.compat:
@@ -170,7 +170,7 @@ def _compat_survey(settings: Settings) -> None:
 
 def _ls(args: argparse.Namespace, settings: Settings, store: Any) -> int:
     from app.hardware.probe import probe
-    from app.lanes.engine_list import engine_rows
+    from app.lanes.install.listing import engine_rows
 
     rows = engine_rows(settings, probe(bandwidth_cache=None), store=store)  # with the builds installed
     if args.json:
@@ -202,7 +202,7 @@ def _ls(args: argparse.Namespace, settings: Settings, store: Any) -> int:
 
 
 def _install(kind: str, store: Any, settings: Settings, *, version: str | None, build: str | None) -> int:
-    from app.lanes import engine_install
+    from app.lanes.install import engine as engine_install
 
     async def go(bus: EventBus) -> Any:
         return await engine_install.install(
@@ -225,8 +225,8 @@ def _install(kind: str, store: Any, settings: Settings, *, version: str | None, 
 
 def _update(args: argparse.Namespace, store: Any, settings: Settings) -> int:
     from app.hardware.probe import probe
-    from app.lanes.engine_install import plan
-    from app.lanes.engine_store import load_manifest, spec_for
+    from app.lanes.install.engine import plan
+    from app.lanes.install.store import load_manifest, spec_for
 
     if not args.all:
         spec_for(args.kind)
@@ -255,7 +255,7 @@ def _latest(args: argparse.Namespace, settings: Settings) -> int:
     if not args.latest:
         return EXIT_OK
     from app.hardware.probe import probe
-    from app.lanes.runtimes import pull_only
+    from app.lanes.install.runtimes import pull_only
 
     for line in pull_only(settings, probe(), tag="latest"):
         print(line)

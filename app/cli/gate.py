@@ -62,8 +62,36 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     suite = str(Path(args.suite).resolve()) if Path(args.suite).is_file() else args.suite
     load_suite(suite)  # refused now, not at the next update
+    _check_updatable(args.model, ctx.paths, ctx.settings(args))
     gates[args.model] = {"suite": suite, "min_score": args.min_score}
     _write(args, ctx, gates)
     mark = f"{args.min_score:g}"
     print(f"{args.model}: `switchyard update` now switches only if {args.suite} scores at least {mark}")
     return 0
+
+
+def _check_updatable(model: str, paths: Any, settings: Any) -> None:
+    """A gate is for a model `switchyard update` can change: one pulled from the hub (by its id, alias or
+    repository). Refused otherwise, saying why, before anything is written."""
+    from app.core.errors import ModelNotFoundError
+    from app.library.opening import opened_catalog
+
+    with opened_catalog(settings, paths) as (_, catalog):
+        try:
+            entry = catalog.get(model, allow_broken=True)
+        except ModelNotFoundError:
+            entries = catalog.scan()
+            if any(e.origin is not None and e.origin.repo == model for e in entries):
+                return  # a pulled repository, named as such
+            raise BadRequestError(
+                f"no model {model!r} in the library: a gate is for a model you pulled; `switchyard ls` "
+                "lists the ids (and `switchyard pull REPO` fetches one)",
+                param="model",
+            ) from None
+    if entry.origin is None:
+        raise BadRequestError(
+            f"{model!r} is not from Hugging Face (source {entry.source}: {entry.path}), so `switchyard "
+            "update` can never change it and a gate would never run; gates are for models pulled with "
+            "`switchyard pull`",
+            param="model",
+        )

@@ -92,7 +92,18 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
         table(rows)
     server = ctx.running(args.url, api_key=args.api_key)
     if server is not None:
-        records = server.get("/api/audit?limit=10", timeout=30)["records"]
+        audit = server.get("/api/audit?limit=10", timeout=30)
+        for j in audit.get("judges", []):
+            if not j["can_judge"]:
+                print(f"judge {j['model']} cannot judge on the running server: {j['reason']}")
+        if audit.get("enabled") and not audit.get("judging", True):
+            fail = policy.get("fail", "open")
+            outcome = "passes unjudged" if fail == "open" else "is refused"
+            print(
+                f"NOT JUDGING: no judge of the policy can run on the server: every request {outcome} "
+                f"(fail {fail})"
+            )
+        records = audit["records"]
         if records:
             table(
                 [("STAGE", "MODEL", "JUDGE", "VERDICT", "BLOCKED")]

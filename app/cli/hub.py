@@ -2,6 +2,8 @@
 
 Hub calls use the settings (hf_endpoint, hf_proxy, offline) and the token store (app.hub.token); every
 failure is a Switchyard error whose message says what to do, printed by app/__main__.py with exit code 2.
+`search` and `show` go through the running server when one answers (as `pull` and `update` do), so every
+command uses one hub: the server's; `--local` (or no server) asks from this process.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import getpass
 import json
 import sys
 import textwrap
+import urllib.parse
 from typing import Any
 
+from app.cli.client import ServerClient
 from app.cli.context import CliContext
 from app.cli.options import Subparsers, table
 from app.core.paths import Paths
@@ -32,6 +36,7 @@ def register(sub: Subparsers) -> None:
     s.add_argument("--limit", type=int, default=20, help="results per page (1-100, default 20)")
     s.add_argument("--page", type=int, default=1, help="page number (the output names the next one)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    _server_args(s)
 
     sh = sub.add_parser(
         "show", help="a model on Hugging Face: card, files by quantization, and whether it fits"
@@ -44,6 +49,7 @@ def register(sub: Subparsers) -> None:
     sh.add_argument("--quant", help="with --fit: only this quantization (e.g. Q4_K_M)")
     sh.add_argument("--card", action="store_true", help="print the model card")
     sh.add_argument("--json", action="store_true", help="machine-readable output")
+    _server_args(sh)
 
     hub = sub.add_parser("hub", help="Hugging Face token and connection: login, logout, status")
     hs = hub.add_subparsers(dest="hub_command", metavar="{login,logout,status}", required=True)
@@ -63,6 +69,11 @@ def register(sub: Subparsers) -> None:
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="server address (default: the running server, whose hub setting it uses)")
+    p.add_argument("--local", action="store_true", help="ask the hub from this process, not the server")
+
+
 def _hub(paths: Paths) -> Any:
     from app.core.settings import load_settings
     from app.hub.browse import Hub
@@ -79,7 +90,13 @@ def _count(n: int | None) -> str:
     return str(n)
 
 
-def cmd_search(args: argparse.Namespace, paths: Paths) -> int:
+def _server(args: argparse.Namespace, ctx: CliContext) -> ServerClient | None:
+    """The running server, whose hub settings `pull` and `update` use too: search and show ask it, so a
+    repository one finds is the one the other fetches. None (no server, or --local): this process."""
+    return None if args.local else ctx.running(args.url, api_key=None)
+
+
+def cmd_search(args: argparse.Namespace, ctx: CliContext) -> int:
     from app.hub.api import SearchQuery
 
     query = SearchQuery(
@@ -90,62 +107,74 @@ def cmd_search(args: argparse.Namespace, paths: Paths) -> int:
         page=args.page,
         size=args.limit,
     )
-    page = _hub(paths).client().search(query)
+    server = _server(args, ctx)
+    if server is not None:
+        params = {"q": args.query, "format": args.format, "sort": args.sort, "author": args.author}
+        params |= {"page": args.page, "limit": args.limit}
+        wanted = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        doc = server.get(f"/api/hub/search?{wanted}", timeout=120)
+    else:
+        doc = _hub(ctx.paths).client().search(query).public()
     if args.json:
-        print(json.dumps(page.public(), indent=2))
+        print(json.dumps(doc, indent=2))
         return 0
-    if not page.hits:
+    if not doc["models"]:
         print("no models found" + (f" on page {args.page}" if args.page > 1 else ""))
         return 0
     rows = [("MODEL", "FORMATS", "DOWNLOADS", "LIKES", "UPDATED", "GATED")]
-    for h in page.hits:
-        pub = h.public()
+    for h in doc["models"]:
         rows.append(
             (
-                h.id,
-                ",".join(pub["formats"]) or "-",
-                _count(h.downloads),
-                _count(h.likes),
-                (h.last_modified or "-")[:10],
-                "yes" if h.gated else "",
+                h["id"],
+                ",".join(h["formats"]) or "-",
+                _count(h["downloads"]),
+                _count(h["likes"]),
+                (h["last_modified"] or "-")[:10],
+                "yes" if h["gated"] else "",
             )
         )
     table(rows, pad_last=True)
-    if page.next_page:
-        print(f"\nmore: add --page {page.next_page}")
+    if doc["next_page"]:
+        print(f"\nmore: add --page {doc['next_page']}")
     return 0
 
 
 def _verdict_cells(v: dict[str, Any] | None) -> tuple[str, str, str, str]:
-    from app.advice.hub_fit import VERDICT_WORDS
-    from app.fit.plan import rate
+    from app.advice.hub_fit import VERDICT_WORDS, speed_words
 
     if v is None:
         return ("", "", "", "")
     if v.get("verdict") is None:
         return ("unknown", "-", "-", v.get("lane") or "-")
-    speed = f"~{rate(v['tokens_per_s'])} tok/s" if v.get("tokens_per_s") else "-"
     return (
         VERDICT_WORDS.get(v["verdict"], v["verdict"]),
         str(v.get("max_ctx") or "-"),
-        speed,
+        speed_words(v),
         v.get("lane") or "-",
     )
 
 
-def cmd_show(args: argparse.Namespace, paths: Paths) -> int:
+def cmd_show(args: argparse.Namespace, ctx: CliContext) -> int:
     repo, quant = split_ref(args.repo)
     if quant:
         args.fit, args.quant = True, quant
-    hub = _hub(paths)
-    client = hub.client()
-    detail = client.detail(repo, revision=args.revision)
-    if args.fit:
-        from app.advice.hub_fit import fit_detail
-        from app.advice.inputs import local_inputs
+    server = _server(args, ctx)
+    if server is not None:
+        params = {"fit": "true" if args.fit else "false", "card": "true", "revision": args.revision}
+        params["quant"] = args.quant
+        wanted = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        doc = server.get(f"/api/hub/models/{repo}?{wanted}", timeout=300)
+    else:
+        hub = _hub(ctx.paths)
+        client = hub.client()
+        detail = client.detail(repo, revision=args.revision)
+        if args.fit:
+            from app.advice.hub_fit import fit_detail
+            from app.advice.inputs import local_inputs
 
-        fit_detail(detail, reader=client.reader, inputs=local_inputs(hub.settings, paths), only=args.quant)
-    doc = detail.public()
+            inputs = local_inputs(hub.settings, ctx.paths)
+            fit_detail(detail, reader=client.reader, inputs=inputs, only=args.quant)
+        doc = detail.public()
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -278,5 +307,8 @@ def _status(hub: Any, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    commands = {"search": cmd_search, "show": cmd_show, "hub": cmd_hub}
-    return commands[args.command](args, ctx.paths)
+    if args.command == "search":
+        return cmd_search(args, ctx)
+    if args.command == "show":
+        return cmd_show(args, ctx)
+    return cmd_hub(args, ctx.paths)

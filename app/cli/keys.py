@@ -1,4 +1,4 @@
-"""`switchyard keys create|list|revoke`: API keys for clients, one per client name.
+"""`switchyard keys create|ls|revoke`: API keys for clients, one per client name.
 
 `create` prints the secret once on stdout (so `KEY=$(switchyard keys create editor)` works) and what
 happened to it on stderr: stored in the system keyring, or, where there is none, kept nowhere.
@@ -15,14 +15,17 @@ from app.cli.options import Subparsers, table
 
 
 def register(sub: Subparsers) -> None:
-    keys = sub.add_parser("keys", help="API keys for clients: create, list, revoke")
-    ks = keys.add_subparsers(dest="keys_command", metavar="{create,list,revoke}", required=True)
+    keys = sub.add_parser("keys", help="API keys for clients: create, ls, revoke")
+    ks = keys.add_subparsers(dest="keys_command", metavar="{create,ls,revoke}", required=True)
     c = ks.add_parser("create", help="make a key for a client; its secret is printed once")
     c.add_argument("name", help="the client's name, e.g. editor or laptop (letters, digits, . _ -)")
-    ls = ks.add_parser("list", help="names, creation times and last 4 characters (never the secret)")
+    # `ls` as in every other group; `list`, its first name, still works
+    ls = ks.add_parser(
+        "ls", aliases=["list"], help="names, creation times and last 4 characters (never the secret)"
+    )
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     r = ks.add_parser("revoke", help="delete a key; clients using it get 401 from then on")
-    r.add_argument("name", help="the key's name, as `switchyard keys list` shows it")
+    r.add_argument("name", help="the key's name, as `switchyard keys ls` shows it")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:

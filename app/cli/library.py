@@ -26,6 +26,9 @@ def register(sub: Subparsers) -> None:
     ls = sub.add_parser("ls", help="list the models in the library")
     models_dir_arg(ls)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument(
+        "--origin", action="store_true", help="show where each model came from (app, hub repository, folder)"
+    )
     imp = sub.add_parser("import", help="add a local model file or folder to the library (copied, or --link)")
     imp.add_argument(
         "path", type=Path, help="a model file (.gguf, whisper .bin, piper .onnx) or a model folder"
@@ -68,6 +71,9 @@ def cmd_ls(args: argparse.Namespace, ctx: CliContext) -> int:
         }
         print(json.dumps(doc, indent=2))
         return 0
+    if models and args.origin:
+        table([("ID", "FROM", "WHERE")] + [(m["id"], *origin_of(m)) for m in models])
+        return 0
     if not models:
         print(
             f"no models in {', '.join(dirs)} or the Hugging Face cache {catalog.hf_cache} — put .gguf files "
@@ -78,6 +84,8 @@ def cmd_ls(args: argparse.Namespace, ctx: CliContext) -> int:
         for m in models:
             o = m["origin"]
             origin = (f"{o['repo']}@{o['commit'][:7]}" if o["commit"] else o["repo"]) if o else "-"
+            if (st := m.get("starter")) is not None:  # a package, not a hub repository: its license too
+                origin = f"{st['package']} {st['version'] or ''} ({st['license'] or 'license unknown'})"
             status = m["status"] if m["status"] == "ok" else f"{m['status']}: {m['problem']}"
             kind = f"{m['kind']}+vision" if m.get("vision") else m["kind"]  # a projector loads with it
             smoke = "-" if not m["smoke"] else ("passed" if m["smoke"]["ok"] else "FAILED")
@@ -92,6 +100,28 @@ def cmd_ls(args: argparse.Namespace, ctx: CliContext) -> int:
             [("REMOTE MODEL", "KIND", "URL")] + [(m["id"], m["kind"] or "-", m["url"]) for m in remote_models]
         )
     return 0
+
+
+def origin_of(model: dict[str, Any]) -> tuple[str, str]:
+    """(who put the model there, where its files are) for `ls --origin`."""
+    from app.library.app_stores.locations import APP_NAMES
+
+    owner, origin = model.get("owner"), model.get("origin")
+    if owner:
+        app = APP_NAMES.get(owner["app"], owner["app"])
+        label = f"{app} ({owner['name']}), read-only" if owner["app"] != "folder" else f"{app}, read-only"
+        return label, model["path"]
+    if origin:
+        commit = f"@{origin['commit'][:7]}" if origin.get("commit") else ""
+        return f"Hugging Face {origin['repo']}{commit}", model["path"]
+    labels = {
+        "models_dir": "models folder",
+        "import_copy": "imported (copied)",
+        "import_link": "imported (linked)",
+        "starter": "starter model package",
+        "alias": "another name",
+    }
+    return labels.get(model["source"], model["source"]), model["path"]
 
 
 def cmd_import(args: argparse.Namespace, ctx: CliContext) -> int:

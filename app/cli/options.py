@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeAlias
@@ -33,3 +36,17 @@ def table(rows: Sequence[Sequence[str]], *, pad_last: bool = False) -> None:
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)]
         print(("  ".join(cells)).rstrip() if pad_last else "  ".join(cells) + "  " + r[-1])
+
+
+# a command whose reader went away (`switchyard ps | head -1`): the exit status of a process ended by SIGPIPE
+PIPE_CLOSED_STATUS = 128 + 13
+
+
+def reader_gone() -> int:
+    """What a command returns when stdout's reader closed the pipe: no traceback. Python ignores SIGPIPE, so
+    a write raises BrokenPipeError instead, and so would the flush at exit: stdout is pointed at the null
+    device first, where that flush succeeds."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return PIPE_CLOSED_STATUS

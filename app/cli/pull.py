@@ -379,7 +379,11 @@ def _gated(args: argparse.Namespace, ctx: CliContext) -> int:
 def cmd_update(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.detach:
         return _detached_update(args, ctx)
-    if args.eval or args.min_score is not None or (args.repo and args.repo in ctx.base_settings().gates):
+    if args.rollback and (args.eval or args.min_score is not None):
+        raise BadRequestError("--rollback goes back to the commit before the last update: it takes no --eval")
+    # a standing gate scores updates; a rollback goes back to a commit that was current before, unscored
+    gated = args.repo and args.repo in ctx.base_settings().gates and not args.rollback
+    if args.eval or args.min_score is not None or gated:
         return _gated(args, ctx)
     paths, settings = ctx.paths, ctx.settings(args)
     repos = [_repo_of(args.repo, paths, settings)] if args.repo else _cached_repos(settings)

@@ -66,8 +66,12 @@ def _rows(doc: dict[str, Any]) -> list[str]:
                 f"  {i}. {name:<55} {fmt_bytes(r['size']):>10}  {verdict:<20} {speed:<38} {r['why']}"
             )
         best = recs[0] if recs and recs[0]["fits"] is not False else None
+        pace = (doc.get("pace") or {}).get(task)
+        if pace:
+            lines.append(f"     {pace}")
         if best:
-            lines.append("     pull it: " + " && ".join(f"switchyard pull {p}" for p in best["pull"]))
+            pull = " && ".join(f"switchyard pull {p}" for p in best["pull"])
+            lines.append(("     if slow answers will do, pull it: " if pace else "     pull it: ") + pull)
         else:
             lines.append("     none of these fits here")
         lines.append("")

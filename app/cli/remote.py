@@ -25,7 +25,7 @@ from app.core.paths import Paths
 from app.core.secrets import Secret
 
 if TYPE_CHECKING:  # the lanes (and aiohttp) are imported when a command runs, not for every CLI start
-    from app.lanes.remote_store import RemoteStore
+    from app.lanes.remote.store import RemoteStore
 
 
 def register(sub: Subparsers) -> None:
@@ -59,7 +59,7 @@ def register(sub: Subparsers) -> None:
 async def _check_here(store: RemoteStore, name: str) -> dict[str, Any]:
     import aiohttp
 
-    from app.lanes.remote import Remote
+    from app.lanes.remote.lane import Remote
 
     remote = Remote(store.get(name), bus=EventBus(), key=store.key(name))
     async with aiohttp.ClientSession() as http:
@@ -83,8 +83,8 @@ def read_key(args: argparse.Namespace) -> Secret | None:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    from app.lanes.remote_store import RemoteSpec, RemoteStore, check_name, normalize_url
-    from app.lanes.remotes import notes_for
+    from app.lanes.remote.registry import notes_for
+    from app.lanes.remote.store import RemoteSpec, RemoteStore, check_name, normalize_url
 
     server = ctx.running(args.server_url, api_key=args.api_key)
     store = RemoteStore.at(ctx.paths.home)
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def offline_list(store: RemoteStore) -> list[dict[str, Any]]:
     """The remotes as remotes.json has them (state unknown: nothing is checked)."""
-    from app.lanes.remote import Remote
+    from app.lanes.remote.lane import Remote
 
     out = []
     for spec in store.specs():
@@ -178,7 +178,7 @@ def print_table(remotes: list[dict[str, Any]]) -> None:
 
 def remote_models(paths: Paths) -> list[dict[str, Any]]:
     """Each remote's models as `switchyard ls` lists them (from remotes.json: no network)."""
-    from app.lanes.remote_store import RemoteStore
+    from app.lanes.remote.store import RemoteStore
 
     try:
         specs = RemoteStore.at(paths.home).specs()
@@ -196,7 +196,7 @@ def remote_models(paths: Paths) -> list[dict[str, Any]]:
 
 def doctor_rows(paths: Paths, *, cacert: Path | None = None) -> list[dict[str, Any]]:
     """Each remote's state for `switchyard doctor`: from the running server, else checked from here."""
-    from app.lanes.remote_store import RemoteStore
+    from app.lanes.remote.store import RemoteStore
 
     server = CliContext(paths, cacert=cacert).running(None, api_key=None)
     if server is not None:

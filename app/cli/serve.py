@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     settings = ctx.settings(args)
     if args.pull_only:
         from app.hardware.probe import probe
-        from app.lanes.runtimes import pull_only
+        from app.lanes.install.runtimes import pull_only
 
         for line in pull_only(settings, probe(bandwidth_cache=ctx.paths.hardware_cache)):
             print(line)

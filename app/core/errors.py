@@ -145,6 +145,18 @@ class EngineUnavailableError(SwitchyardError):
     code = "engine_unavailable"
 
 
+class EngineInstallingError(EngineUnavailableError):
+    """The engine a request needs is being installed (auto_install_engines): retry when its job ends."""
+
+    code = "engine_installing"
+
+
+class EngineInstallFailedError(EngineUnavailableError):
+    """Installing the engine a request needs failed; what was installed before is as it was."""
+
+    code = "engine_install_failed"
+
+
 class LaneBusyError(SwitchyardError):
     status = 503
     type = "server_error"
@@ -159,14 +171,30 @@ class ServerNotRunningError(SwitchyardError, ConnectionError):
     code = "server_not_running"
 
 
+class PlatformError(SwitchyardError, OSError):
+    """An OS facility this platform lacks or refused (core/platform): the message names it."""
+
+    code = "platform_error"
+
+
 class SettingsError(SwitchyardError, ValueError):
     code = "bad_settings"
 
 
 class ContextLengthExceededError(BadRequestError):
-    """The prompt does not fit the lane's per-request (per-slot) context; the engine would refuse it."""
+    """The prompt does not fit the lane's per-request (per-slot) context; the engine would refuse it.
+
+    `tokens` and `limit` (when known) let a surface say it in the wording its clients parse: Claude Code
+    compacts its conversation only on Anthropic's own `prompt is too long: N tokens > M maximum`."""
 
     code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, tokens: int | None = None, limit: int | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.tokens = tokens
+        self.limit = limit
 
 
 class RequestTooLargeError(SwitchyardError):
@@ -226,6 +254,23 @@ class RemoveRefusedError(ConflictError, PermissionError):
     """`rm` would delete the user's own file; it needs --delete-files (delete_files=true)."""
 
     code = "remove_refused"
+
+
+# ---- the server's own front door (app/server/auth.py) --------------------------------------------------
+class KeyRequiredError(SwitchyardError):
+    """A request the server refused for its API key: none was sent where one is needed, or it is not valid."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class AdminNotAllowedError(SwitchyardError):
+    """An admin route asked from another machine while `allow_remote_admin` is off."""
+
+    status = 403
+    type = "permission_error"
+    code = "admin_not_allowed"
 
 
 # ---- gateway clients (`switchyard ps`, `explain` against a running server) ------------------------
@@ -342,7 +387,7 @@ class CapabilityMissingError(BadRequestError):
 
 # ---- engine environments (app/lanes/engine_*.py; `switchyard engine`, /api/engines) ----------------------
 class UnknownEngineError(NotFoundError):
-    """Not an engine of the manifest (app/lanes/engines.toml)."""
+    """Not an engine of the manifest (app/lanes/install/engines.toml)."""
 
     code = "engine_not_found"
 
@@ -443,7 +488,8 @@ class UnsupportedImageTypeError(BadRequestError):
 
 
 class ImageTooLargeError(RequestTooLargeError):
-    """An image over the max_image_mib cap."""
+    """An image over the max_image_mib cap, or declaring more pixels than max_image_megapixels (or, with
+    the request's other images, max_request_megapixels)."""
 
     code = "image_too_large"
 
@@ -464,3 +510,60 @@ class TooManyImagesError(ContextLengthExceededError):
     """The images of a request take more tokens than the lane's per-request context holds."""
 
     code = "too_many_images"
+
+
+# ---- peers (app/lanes/peers/) ------------------------------------------------------------------------------
+class PeerNotFoundError(NotFoundError):
+    code = "peer_not_found"
+
+
+class PeerExistsError(ConflictError):
+    code = "peer_exists"
+
+
+class PeerUnavailableError(SwitchyardError):
+    """Another machine could not be reached, or it is not a Switchyard that pairs (no TLS, wrong address)."""
+
+    status = 502
+    code = "peer_unreachable"
+
+
+class PairingRefusedError(SwitchyardError, PermissionError):
+    """A pairing code that matches no open invitation, or a pairing answer that did not prove the code."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "pairing_code_wrong"
+
+
+class PairingLockedError(SwitchyardError):
+    """Too many wrong pairing codes in a row: pairing is refused for a while, even with the right code."""
+
+    status = 429
+    type = "invalid_request_error"
+    code = "pairing_locked"
+
+
+class PeerNotTrustedError(SwitchyardError, PermissionError):
+    """A peer's key sent without that peer's pinned client certificate, or used outside what peers may do."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "peer_not_trusted"
+
+
+class McpToolError(SwitchyardError):
+    """An MCP server could not be reached or listed, or a tool call failed its bounds (deadline, result
+    size, calls per turn) or the server broke (crash, malformed JSON-RPC). In the Responses API's mcp tool
+    it is the call's `error`, said to the model and the client; the request itself goes on."""
+
+    status = 424
+    type = "invalid_request_error"
+    code = "mcp_tool_error"
+    source = "mcp"
+
+
+class PeersNeedTLSError(ConflictError):
+    """Pairing asked of a server that serves plain HTTP: peers talk only over (mutual) TLS."""
+
+    code = "peers_need_tls"

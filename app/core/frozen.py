@@ -1,8 +1,8 @@
 """Running our own Python modules as child processes, from a source tree or from a frozen bundle.
 
-A lane's worker is `python -m app.lanes.llamacpp_worker ...`. A PyInstaller bundle has no `python`:
+A lane's worker is `python -m app.lanes.workers.llamacpp ...`. A PyInstaller bundle has no `python`:
 its `sys.executable` is the `switchyard` program itself, so there the same module is started as the
-hidden command `switchyard _module app.lanes.llamacpp_worker ...`, which the bundle's entry script
+hidden command `switchyard _module app.lanes.workers.llamacpp ...`, which the bundle's entry script
 (installers/entry.py) answers before anything else is imported.
 """
 

@@ -1,15 +1,15 @@
 """The job registry: downloads, engine installs, updates and eval runs as one list of jobs of the server.
 
-A Job has an id, a kind, a title, a state (queued, running, completed, failed, cancelled), named steps
+A Job has an id, a kind, a title, a state (queued, running, paused, completed, failed, cancelled), named steps
 with progress, its start and end, and its error or result. Work of this process runs through `run()` (an
 asyncio task the registry owns, cancellable); work another part already runs (the download manager, the
-engine installs) is mirrored with `track()` and moved by its adapter (app/server/job_sources.py).
+engine installs) is mirrored with `track()` and moved by its adapter (app/server/admin/job_sources.py).
 
-Every move is published once on the bus as `job.queued`, `job.started`, `job.progress`, `job.completed`,
-`job.failed` or `job.cancelled`, with the job's public form (its kind as `job_kind`). Finished jobs (the
-newest KEEP_FINISHED) are kept in `<home>/jobs.json`, so a restarted server still lists them. `guard`
-names a subject ("update:org/repo") only one active job may hold at a time: a second one is a 409 saying
-which job holds it.
+Every move is published once on the bus as `job.queued`, `job.started`, `job.progress`, `job.paused`,
+`job.completed`, `job.failed` or `job.cancelled`, with the job's public form (its kind as `job_kind`).
+Finished jobs (the newest KEEP_FINISHED) are kept in `<home>/jobs.json`, so a restarted server still
+lists them. `guard` names a subject ("update:org/repo") only one active job may hold at a time: a second
+one is a 409 saying which job holds it.
 
 Traces (docs/tracing.md): a job is a `switchyard.job` span from its queueing to its end, and each of its
 steps a `switchyard.job_step` span under it, from the step's first report to the next step or the end
@@ -33,7 +33,7 @@ from typing import Any
 
 from app.core import statefile, tracing
 from app.core.errors import ConflictError, NotFoundError, SwitchyardError
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
 
 log = logging.getLogger(__name__)
 KEEP_FINISHED = 50
@@ -47,15 +47,32 @@ class JobKind(StrEnum):
 
 
 class JobState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    """The one state machine of every job: registry jobs, downloads and engine installs alike."""
+
+    QUEUED = "queued"  # waiting for a slot (a download also waits here after a restart, to resume)
+    RUNNING = "running"  # working; a download may go back to queued when its process stops
+    PAUSED = "paused"  # held by the user (downloads only); resumed by going back to queued
+    COMPLETED = "completed"  # ended with its result
+    FAILED = "failed"  # ended with an error; a download may be queued again (retry)
+    CANCELLED = "cancelled"  # ended by the user
 
 
+_Q, _R, _P, _F, _X = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.FAILED, JobState.CANCELLED
+# The moves a job may make. queued -> queued and running -> queued: a job recorded as active by a process that
+# stopped is resumed. A kind of job uses the part it needs (engine installs: running -> completed, failed).
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({_Q, _R, _P, _F, _X}),
+    JobState.RUNNING: frozenset({_Q, JobState.COMPLETED, _P, _F, _X}),
+    JobState.PAUSED: frozenset({_Q, _X}),
+    JobState.FAILED: frozenset({_Q, _X}),
+    JobState.COMPLETED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+ACTIVE = frozenset({JobState.QUEUED, JobState.RUNNING})
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
-_EVENTS = {s: f"job.{s.value}" for s in JobState} | {JobState.RUNNING: "job.started"}
+_EVENTS = {s: EventKind(f"job.{s.value}") for s in TERMINAL | {_Q, _P}} | {
+    JobState.RUNNING: EventKind.JOB_STARTED
+}
 
 
 class JobNotFoundError(NotFoundError):
@@ -200,7 +217,8 @@ class JobRegistry:
         return job
 
     def by_source(self, source: str) -> Job | None:
-        return next((j for j in self._jobs.values() if j.source == source), None)
+        """The newest job mirroring `source` (a retried download has one per try)."""
+        return next((j for j in reversed(self._jobs.values()) if j.source == source), None)
 
     def active(self) -> list[Job]:
         """The queued and running jobs, newest first."""
@@ -242,7 +260,7 @@ class JobRegistry:
             "switchyard.job", job_kind=kind.value, job=job.id, title=title, subject=subject
         )
         self._spans[job.id] = (job_span, None)
-        self._publish(job, "job.queued")
+        self._publish(job, EventKind.JOB_QUEUED)
         return job
 
     def run(
@@ -262,11 +280,13 @@ class JobRegistry:
         subject: str | None = None,
         cancel: Cancel | None = None,
         guard: str | None = None,
+        renew: bool = False,
     ) -> Job:
         """Mirror work another part runs (once per source): its adapter moves it with start/step/settle.
-        `guard` is held, not checked: the work already runs."""
+        `guard` is held, not checked: the work already runs. `renew`: the source runs again after its job
+        ended (a failed download retried), so it gets a new job rather than the ended one."""
         known = self.by_source(source)
-        if known is not None:
+        if known is not None and not (renew and known.state in TERMINAL):
             return known
         job = self._new(kind, title, subject=subject, source=source, guard=None)
         job.guard = guard
@@ -295,13 +315,19 @@ class JobRegistry:
     def start(self, job: Job) -> None:
         if job.state is JobState.QUEUED:
             job.state = JobState.RUNNING
-            self._publish(job, "job.started")
+            self._publish(job, EventKind.JOB_STARTED)
 
     def requeue(self, job: Job) -> None:
-        """A paused download: back to queued until it runs again."""
-        if job.state is JobState.RUNNING:
+        """A mirrored download resumed (or whose process stopped): back to queued until it runs again."""
+        if job.state in (JobState.RUNNING, JobState.PAUSED):
             job.state = JobState.QUEUED
-            self._publish(job, "job.queued")
+            self._publish(job, EventKind.JOB_QUEUED)
+
+    def pause(self, job: Job) -> None:
+        """A mirrored download the user paused: the job says paused, as the download does."""
+        if job.state in ACTIVE:
+            job.state = JobState.PAUSED
+            self._publish(job, EventKind.JOB_PAUSED)
 
     def step(self, job: Job, name: str, *, done: int = 0, total: int | None = None) -> None:
         if job.state in TERMINAL:
@@ -316,7 +342,7 @@ class JobRegistry:
             spans[1].set_attribute(tracing.PREFIX + "done", done)
             if total is not None:
                 spans[1].set_attribute(tracing.PREFIX + "total", total)
-        self._publish(job, "job.progress")
+        self._publish(job, EventKind.JOB_PROGRESS)
 
     def _open_step(self, job: Job, name: str) -> None:
         """The step's span, under the job's; the previous step's ends (completed: a next step began)."""
@@ -352,6 +378,10 @@ class JobRegistry:
         """The one ending of a job: it moves once to a terminal state, published and saved."""
         if job.state in TERMINAL or state not in TERMINAL:
             return
+        if state is JobState.COMPLETED and job.steps and job.steps[-1].total:
+            # its work is all done, whatever the last progress report said (a mirrored download's last
+            # event may come before its final bytes): shown at 100 %, never 0 % or 22 %
+            job.steps[-1].done = job.steps[-1].total or 0
         job.state, job.error, job.result, job.ended = state, error, result, time.time()
         self._cancels.pop(job.id, None)
         self._end_spans(job.id, state.value, error)
@@ -386,7 +416,7 @@ class JobRegistry:
         return job
 
     # ---- events and the file -----------------------------------------------------------------------
-    def _publish(self, job: Job, kind: str) -> None:
+    def _publish(self, job: Job, kind: EventKind) -> None:
         data = job.public()
         data["job_kind"] = data.pop("kind")  # `kind` is the event's own name on the bus
         self.bus.publish(kind, **data)

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def _platform_home() -> Path:
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "Switchyard"
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
-        return Path(base) / "Switchyard"
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "switchyard"
+from app.core.platform.home import data_home
 
 
 @dataclass(frozen=True)
@@ -26,7 +17,7 @@ class Paths:
     def from_env(cls, env: dict[str, str] | None = None) -> Paths:
         env = dict(os.environ) if env is None else env
         override = env.get("SWITCHYARD_HOME")
-        return cls(home=Path(override).expanduser().resolve() if override else _platform_home())
+        return cls(home=Path(override).expanduser().resolve() if override else data_home(env))
 
     @property
     def models(self) -> Path:
@@ -69,7 +60,7 @@ class Paths:
 
     @property
     def engines(self) -> Path:
-        """Engines in environments of their own, one folder per lane (app/lanes/engine_store.py)."""
+        """Engines in environments of their own, one folder per lane (app/lanes/install/store.py)."""
         return self.home / "engines"
 
     @property

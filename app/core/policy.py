@@ -24,7 +24,9 @@ from typing import Any
 from app.core.errors import SettingsError
 
 FORMATS = ("qwen3guard", "llamaguard")  # the guard models' prompt formats (app/safety/formats.py)
-GROUPS = ("openai", "anthropic", "ollama", "responses")  # the route groups a scope may name
+# the route groups a scope may name: the API surfaces' names (app/server/surfaces/registry.py; core may not
+# import the server, so tests/server/surfaces/test_registry.py checks the two agree)
+GROUPS = ("openai", "anthropic", "ollama", "responses")
 _KEYS = {"enabled", "judge", "judges", "fail", "controversial", "audit_text", "scope", "stream_window"}
 _JUDGE_KEYS = {"model", "format", "timeout_s", "max_tokens", "grammar"}
 

@@ -259,7 +259,7 @@ class KeyStore:
             gone.extend(r for r in records if r["name"] == name)
             if not gone:
                 known = ", ".join(r["name"] for r in records) or "none"
-                raise KeyNotFoundError(f"no key named {name!r} (keys: {known}); see `switchyard keys list`")
+                raise KeyNotFoundError(f"no key named {name!r} (keys: {known}); see `switchyard keys ls`")
             return [r for r in records if r["name"] != name]
 
         self._update(drop)

@@ -29,6 +29,8 @@ RUNTIME_ORDER = ("docker", "podman", "bin", "path", "xllamacpp")
 # the keys `POST /api/models/{id}/load` takes; a model_overrides entry takes them and a few more
 LOAD_KEYS = ("ctx_size", "parallel", "kv_type", "flash_attn", "gpu_layers", "speculative", "lora")
 OVERRIDE_KEYS = ("ttl_s", *LOAD_KEYS, "session_bank", "mmproj", "max_output")
+# the apps whose model stores are read in place (app/library/app_stores/); `folder` is shared_model_dirs
+APP_STORES = ("ollama", "lmstudio", "jan", "gpt4all")
 # kept and shown, but no engine reads them yet: answers say so rather than pretend (none today: the
 # llama.cpp lane reads speculative and lora, docs/engines.md#speculative-decoding)
 NOT_WIRED_KEYS: tuple[str, ...] = ()
@@ -39,7 +41,15 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     models_dirs: tuple[Path, ...] = ()
-    max_loaded_lanes: int = 1
+    # other apps' model stores read in place (docs/library.md#other-apps-stores): which apps, a folder per
+    # app where it is not the app's default, and shared folders of the user's own (read-only too)
+    app_stores: tuple[str, ...] = APP_STORES
+    app_store_paths: dict[str, str] = field(default_factory=dict)
+    shared_model_dirs: tuple[Path, ...] = ()
+    # a request for a model whose engine is not installed installs it as a job (docs/engines.md#first-use)
+    auto_install_engines: bool = True
+    # None: 1 with residency "single"; no count cap with "memory" (memory decides); a number caps either
+    max_loaded_lanes: int | None = None
     max_embedding_lanes: int = 1
     # residency (docs/configuration.md#residency): "single" keeps one text lane; "memory" keeps lanes
     # loaded together while their footprints fit RAM (minus the reserve, within ram_budget_mib) and GPUs
@@ -70,6 +80,8 @@ class Settings:
     monitor_interval_s: float = 1.0
     event_loop: str = "auto"
     enforce_fit: bool = True
+    # list the starter model shipped as a Python package (app/library/starter.py) in the library
+    starter_model: bool = True
     # request limits (docs/api.md#request-limits)
     max_body_mib: int = 64
     max_concurrent_per_client: int = 0
@@ -82,6 +94,10 @@ class Settings:
     # images in chat requests (docs/api.md#images): the decoded size cap, and http(s) image URLs fetched
     # by the server (off: only data: URLs); private and loopback addresses only when allowed
     max_image_mib: int = 20
+    # pixels an image may declare (every GIF/WebP frame and GIF's logical screen too), and all of one
+    # request's images together: checked before anything is decoded (a small file can declare a huge picture)
+    max_image_megapixels: int = 40
+    max_request_megapixels: int = 80
     fetch_image_urls: bool = False
     fetch_image_private: bool = False
     fetch_image_timeout_s: float = 10.0
@@ -146,6 +162,14 @@ class Settings:
     def __post_init__(self) -> None:
         self._check()
 
+    @property
+    def loaded_lane_cap(self) -> int | None:
+        """How many lanes of one kind may be loaded (None: no count, memory decides): max_loaded_lanes
+        where set, else 1 with residency "single" and no cap with "memory"."""
+        if self.max_loaded_lanes is not None:
+            return self.max_loaded_lanes
+        return None if self.residency == "memory" else 1
+
     def _check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (or 0 for any free port)")
@@ -168,8 +192,12 @@ class Settings:
         if self.memory_reserve_mib < 0:
             raise SettingsError("memory_reserve_mib must be 0 or a size in MiB to leave free")
         for name in ("max_loaded_lanes", "max_embedding_lanes", "parallel"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be at least 1")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SettingsError(
+                    f"{name} must be at least 1"
+                    + (" (or null: automatic)" if name == "max_loaded_lanes" else "")
+                )
         for name in ("ctx_size", "threads"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be 0 (automatic) or a positive number")
@@ -184,6 +212,11 @@ class Settings:
             raise SettingsError("session_bank_budget_mib must be 0 (nothing kept) or a size in MiB")
         if self.max_image_mib < 1:
             raise SettingsError("max_image_mib must be at least 1")
+        if not 1 <= self.max_image_megapixels <= self.max_request_megapixels:
+            raise SettingsError(
+                "max_image_megapixels must be at least 1 and at most max_request_megapixels (the budget of "
+                "all of a request's images together)"
+            )
         if self.max_body_mib < 1:
             raise SettingsError("max_body_mib must be at least 1")
         for name in ("realtime_max_session_s", "realtime_max_buffer_s"):
@@ -217,6 +250,7 @@ class Settings:
         for kind, extra in self.engine_env.items():
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
                 raise SettingsError(f"engine_env[{kind!r}] must map variable names to string values")
+        _check_app_stores(self.app_stores, self.app_store_paths)
         _check_security(self.allowed_hosts, self.cors_origins)
         for model, over in self.model_overrides.items():
             check_overrides(model, over)
@@ -234,6 +268,7 @@ class Settings:
     def public(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["models_dirs"] = [str(p) for p in self.models_dirs]
+        out["shared_model_dirs"] = [str(p) for p in self.shared_model_dirs]
         return out
 
 
@@ -272,7 +307,7 @@ def _check_override(place: str, key: str, value: Any) -> None:
     if not number or (key != "ttl_s" and not isinstance(value, int)):
         kind = "a number of seconds" if key == "ttl_s" else "an integer"
         raise SettingsError(f"{where} must be {kind}, got {value!r}")
-    # max_output: the tokens a request that names no limit may generate (app/lanes/request_defaults.py)
+    # max_output: the tokens a request that names no limit may generate (engines/llamacpp/request_defaults.py)
     minimum = {"ttl_s": 0, "ctx_size": 0, "parallel": 1, "gpu_layers": -1, "max_output": 1}[key]
     if value < minimum:
         raise SettingsError(f"{where} must be at least {minimum}, got {value!r}")
@@ -284,6 +319,18 @@ def _check_adapters(where: str, key: str, value: Any) -> None:
         speculation_of(value, where=where)
     else:
         adapters_of(value, where=where)
+
+
+def _check_app_stores(apps: tuple[str, ...], paths: dict[str, str]) -> None:
+    for name in (*apps, *paths):
+        if name not in APP_STORES:
+            raise SettingsError(
+                f"app_stores/app_store_paths name {name!r}, not an app whose store Switchyard reads; "
+                f"use some of {', '.join(APP_STORES)} (shared_model_dirs takes folders of your own)"
+            )
+    for name, folder in paths.items():
+        if not isinstance(folder, str) or not folder.strip():
+            raise SettingsError(f"app_store_paths[{name!r}] must be a folder path, got {folder!r}")
 
 
 def _check_security(hosts: tuple[str, ...], origins: tuple[str, ...]) -> None:
@@ -365,10 +412,14 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
         if key not in _FIELDS:
             raise SettingsError(f"{origin}: unknown setting {key!r}; known: {', '.join(sorted(_FIELDS))}")
         default = _FIELDS[key].default
-        if key == "models_dirs":
+        if key in ("models_dirs", "shared_model_dirs"):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SettingsError(f"{origin}: models_dirs must be a list of paths")
+                raise SettingsError(f"{origin}: {key} must be a list of paths")
             values[key] = tuple(Path(v).expanduser() for v in value)
+        elif key == "app_store_paths":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise SettingsError(f"{origin}: app_store_paths must map app names to folders")
+            values[key] = value
         elif key == "model_overrides":
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: model_overrides must map model ids to objects")
@@ -391,13 +442,14 @@ def settings_from_mapping(raw: dict[str, Any], *, origin: str = "settings") -> S
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise SettingsError(f"{origin}: engine_env must map engine kinds to objects of variables")
             values[key] = value
-        elif key in ("allowed_hosts", "cors_origins", "engine_env_pass"):
+        elif key in ("allowed_hosts", "cors_origins", "engine_env_pass", "app_stores"):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SettingsError(f"{origin}: {key} must be a list of strings")
             values[key] = tuple(value)
-        elif key == "ram_budget_mib":
+        elif key in ("ram_budget_mib", "max_loaded_lanes"):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise SettingsError(f"{origin}: ram_budget_mib must be an integer (MiB) or null")
+                what = "an integer (MiB)" if key == "ram_budget_mib" else "a number of lanes"
+                raise SettingsError(f"{origin}: {key} must be {what} or null (automatic)")
             values[key] = value
         elif key in (
             "llama_server_path",

@@ -36,6 +36,7 @@ SERVER_KEYS: dict[str, str] = {
     "monitor_interval_s": "the hardware monitor starts with the server",
     "log_ring_lines": "each lane's log ring is made when the lane first appears",
     "tracing_otlp_endpoint": "the span exporter is set up when the server starts",
+    "starter_model": "the library's sources are set when the server starts",
 }
 
 # what every lane reads at its start, per model (model_overrides win over the top-level value)
@@ -43,23 +44,18 @@ _MODEL_KEYS = ("ctx_size", "parallel", "kv_type", "flash_attn", "gpu_layers")
 # set per model only: the vision projector, speculative decoding and LoRA adapters the engine loads
 _MODEL_ONLY_KEYS = ("mmproj", "speculative", "lora")
 _COMMON_KEYS = ("threads", "prompt_cache_mib", "engine_env_pass", "engine_python")
-# what only one engine kind reads at its start
-_ENGINE_KEYS: dict[str, tuple[str, ...]] = {
-    "llama.cpp": ("runtime", "llama_server_path"),
-    "mlx": ("mlx_extra_args", "mlx_prompt_cache_size", "mlx_prompt_cache_mib"),
-    "vllm": ("vllm_extra_args",),
-    "sglang": ("sglang_extra_args",),
-    "sd.cpp": ("sd_extra_args", "sd_server_path"),
-}
 
 
-def lane_inputs(settings: Settings, *, model_id: str, engine: str) -> dict[str, Any]:
+def lane_inputs(
+    settings: Settings, *, model_id: str, engine: str, engine_keys: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The settings a lane of `engine` running `model_id` starts from: a lane whose inputs differ between
-    two settings needs a restart to take the new ones."""
+    two settings needs a restart to take the new ones. `engine_keys`: the fields only that engine's kind
+    reads (its `setting_keys`, app/lanes/engines/)."""
     over = settings.model_overrides.get(model_id, {})
     values: dict[str, Any] = {k: over.get(k, getattr(settings, k)) for k in _MODEL_KEYS}
     values.update({k: over.get(k) for k in _MODEL_ONLY_KEYS})
-    values.update({k: getattr(settings, k) for k in (*_COMMON_KEYS, *_ENGINE_KEYS.get(engine, ()))})
+    values.update({k: getattr(settings, k) for k in (*_COMMON_KEYS, *engine_keys)})
     values["engine_env"] = settings.engine_env.get(engine)
     return values
 

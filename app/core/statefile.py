@@ -9,8 +9,9 @@ file in the same folder, fsyncs it, renames it over the old one and fsyncs the f
 - when `update` returns, the new state is on disk (it survives a crash or a power cut);
 - a reader needs no lock: the rename is atomic, so it sees the old file or the new, never half of one.
 
-The lock is `fcntl.flock` on POSIX and `msvcrt.locking` on Windows, on a descriptor opened per call:
-flock locks belong to the open file description, so two threads of one process exclude each other too.
+The lock is `fcntl.flock` on POSIX and `msvcrt.locking` on Windows (core/platform/locks.py), on a
+descriptor opened per call: both belong to the descriptor, so two threads of one process exclude each
+other too. On Windows the rename is retried while another process holds the old file open.
 The lock file is never deleted (deleting it would let two writers lock two different files).
 """
 
@@ -19,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
+
+from app.core.platform import files, locks
 
 __all__ = ["DELETE", "KEEP", "dump_json", "locked", "read_text", "remove", "update", "write_atomic"]
 
@@ -51,49 +52,13 @@ def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        _lock(fd)
+        locks.lock(fd)
         try:
             yield
         finally:
-            _unlock(fd)
+            locks.unlock(fd)
     finally:
         os.close(fd)
-
-
-if sys.platform == "win32":
-    import msvcrt
-
-    def _lock(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        while True:  # LK_LOCK gives up after about 10 s; a writer holds the lock for milliseconds
-            try:
-                msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
-                return
-            except OSError:
-                time.sleep(0.05)
-
-    def _unlock(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-    def _fsync_dir(folder: Path) -> None:
-        pass  # Windows cannot open a folder for fsync; NTFS journals the rename itself
-
-else:
-    import fcntl
-
-    def _lock(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-
-    def _unlock(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _fsync_dir(folder: Path) -> None:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def read_text(path: Path) -> str | None:
@@ -115,12 +80,12 @@ def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp makes 0600; set what this file should be
-        os.replace(tmp, path)
+        files.replace(tmp, path)  # retried on Windows while a reader holds the old file open
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    files.fsync_dir(path.parent)
 
 
 def remove(path: Path) -> None:
@@ -129,7 +94,7 @@ def remove(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         return
-    _fsync_dir(path.parent)
+    files.fsync_dir(path.parent)
 
 
 def dump_json(doc: Any) -> str:

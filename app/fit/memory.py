@@ -54,7 +54,7 @@ class FitParams:
     projector_bytes: int = 0
     projector_compute_bytes: int = 0
     # speculative decoding's draft model (its weights and its own KV cache) and the LoRA adapters' tensors;
-    # both go where the model's layers go (app/lanes/llamacpp_spec.py)
+    # both go where the model's layers go (app/lanes/engines/llamacpp/spec.py)
     draft_bytes: int = 0
     lora_bytes: int = 0
 
@@ -193,7 +193,7 @@ def breakdown(
     layout: GGUFLayout, *, params: FitParams, gpu_devices: int = 0, projector_bytes: int = 0
 ) -> tuple[DeviceUse, ...]:
     """Memory per device for this placement. GPU layers are split evenly across `gpu_devices`. The vision
-    projector goes where the launch puts it (app/lanes/llamacpp.py: `mmproj_use_gpu = gpu_layers != 0`):
+    projector goes where the launch puts it (engines/llamacpp/kind.py: `mmproj_use_gpu = gpu_layers != 0`):
     on GPU0 when this placement offloads any layer, else in host memory."""
     host_w, gpu_w = split_weights(layout, gpu_layers=params.gpu_layers if gpu_devices else 0)
     kv = kv_layer_bytes(layout, params=params)

@@ -18,6 +18,8 @@ from app.formats.gguf_layout import GGUFLayout
 from app.hardware.model import GPUInfo, Hardware
 
 GIB = 1 << 30
+AUTO_RESERVE_FRACTION = 0.15
+AUTO_RESERVE_MIN = 2 * GIB
 # bits per weight of common GGUF file types, for "a smaller quantization would need ..." advice
 BPW = {
     "all_f32": 32.0,
@@ -79,7 +81,7 @@ class Budget:
         used = used or {}
         avail = hw.memory.available or 0
         total = hw.memory.effective_total or avail
-        host = max(0, avail - min(GIB, total // 10) - used.get("CPU", 0))  # leave the OS some room
+        host = max(0, avail - os_room(total) - used.get("CPU", 0))  # leave the OS some room
         out = {"CPU": host}
         for i, gpu in enumerate(offload_gpus(hw)):
             if gpu.unified_memory:  # Apple: Metal may wire about three quarters of RAM
@@ -88,6 +90,19 @@ class Budget:
                 free = gpu.memory_free or 0
             out[f"GPU{i}"] = max(0, free - 256 * MIB - used.get(f"GPU{i}", 0))
         return cls(out)
+
+
+def os_room(total: int) -> int:
+    """RAM every plan leaves the operating system: a tenth of the machine, at most 1 GiB."""
+    return min(GIB, total // 10)
+
+
+def auto_reserve(hw: Hardware) -> int:
+    """RAM an automatic context leaves free beyond os_room, for the window, a browser and the other programs
+    a person keeps open: filling a 24 GiB machine to its last 64 MiB with KV cache made it unusable.
+    15 % of the machine, at least 2 GiB (an explicit context may still use it: the user asked)."""
+    total = hw.memory.effective_total or hw.memory.total or 0
+    return max(AUTO_RESERVE_MIN, int(total * AUTO_RESERVE_FRACTION)) - os_room(total)
 
 
 def offload_gpus(hw: Hardware) -> tuple[GPUInfo, ...]:
@@ -157,6 +172,7 @@ class FitReport:
     advice: tuple[str, ...]
     budget: dict[str, int]
     ctx_reduced_from: int | None = None
+    ram_left: int | None = None  # an automatic context's plan: the RAM it leaves free (auto_reserve)
 
     @property
     def fits(self) -> bool:
@@ -172,6 +188,7 @@ class FitReport:
             "advice": list(self.advice),
             "budget": self.budget,
             "ctx_reduced_from": self.ctx_reduced_from,
+            "ram_left": self.ram_left,
         }
 
 
@@ -315,7 +332,49 @@ def plan_placements(
     With `ctx_is_auto` a context that does not fit is shrunk to the largest that does (never below one
     256-cell page per slot); an explicit context is never changed: the report refuses it and says the
     largest that fits. `gpu_layers` fixes the placement instead of searching for the best one.
+
+    An automatic context is planned within the budget less auto_reserve() of RAM, so the machine stays
+    usable, and the summary says how much RAM it leaves; only where nothing fits that way (a small machine)
+    is the whole budget planned, as an explicit context always is.
     """
+    if ctx_is_auto and budget.devices.get("CPU"):
+        reserve = auto_reserve(hw)
+        kept = Budget({k: max(0, v - reserve) if k == "CPU" else v for k, v in budget.devices.items()})
+        report = _plan_placements(
+            layout, hw, params=params, budget=kept, ceiling=ceiling, ctx_is_auto=True, gpu_layers=gpu_layers
+        )
+        if report.chosen is not None:
+            cpu_use = sum(d.total for d in report.chosen.devices if d.device == "CPU")
+            total = hw.memory.effective_total or hw.memory.total or 0
+            left = budget.devices["CPU"] + os_room(total) - cpu_use
+            # before the speed words, which calibrated() replaces at the end
+            speed = speed_words(report.chosen)
+            head = report.summary.removesuffix(speed) if speed else report.summary
+            summary = (
+                f"{head}, leaving {fmt_bytes(left)} of RAM free for the system and other programs{speed}"
+            )
+            return dataclasses.replace(report, summary=summary, budget=budget.devices, ram_left=left)
+    return _plan_placements(
+        layout,
+        hw,
+        params=params,
+        budget=budget,
+        ceiling=ceiling,
+        ctx_is_auto=ctx_is_auto,
+        gpu_layers=gpu_layers,
+    )
+
+
+def _plan_placements(
+    layout: GGUFLayout,
+    hw: Hardware,
+    *,
+    params: FitParams,
+    budget: Budget,
+    ceiling: int | None,
+    ctx_is_auto: bool,
+    gpu_layers: int | None,
+) -> FitReport:
     n = layout.block_count
     gpus = offload_gpus(hw)
     ceiling = ceiling or max(params.ctx_size, (layout.context_length or params.ctx_per_seq) * params.parallel)

@@ -16,14 +16,15 @@ from typing import Any
 
 import psutil
 
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
 from app.hardware.model import GPUSample
 from app.hardware.nvidia import load_nvml, sample_nvidia
+from app.hardware.swap import swap_now
 from app.hardware.sysfs import SYSFS_ROOT, sample_sysfs_gpus
 
 log = logging.getLogger(__name__)
 
-SAMPLE_EVENT = "hardware.sample"
+SAMPLE_EVENT = EventKind.HARDWARE_SAMPLE
 
 
 def _busy_idle(t: Any) -> tuple[float, float]:
@@ -37,10 +38,10 @@ class Monitor:
     """`async with Monitor(bus):` publishes a sample right away, then every `interval` seconds.
 
     Each event carries cpu_percent (all CPUs, since the previous sample), ram_total, ram_used (total minus
-    available),
-    ram_available, swap_used and gpus: a list of {index, vendor, memory_used, memory_total,
-    utilization_percent} for NVIDIA (NVML) and AMD (sysfs) cards. `nvml` None uses the real pynvml; when
-    NVML cannot start, NVIDIA cards are simply absent from samples. `sysfs_root` None skips sysfs."""
+    available), ram_available, swap_used (None where the OS does not say) and gpus: a list of {index,
+    vendor, memory_used, memory_total, utilization_percent} for NVIDIA (NVML) and AMD (sysfs) cards.
+    `nvml` None uses the real pynvml; when NVML cannot start, NVIDIA cards are simply absent from samples.
+    `sysfs_root` None skips sysfs."""
 
     def __init__(
         self,
@@ -120,7 +121,7 @@ class Monitor:
             busy, idle = times[0] - last[0], times[1] - last[1]
             # None, not 0, when less than one clock tick passed: nothing was measured
             cpu_percent = round(100.0 * busy / (busy + idle), 1) if busy + idle > 0 else None
-        vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+        vm, sw = psutil.virtual_memory(), swap_now()
         gpus: list[GPUSample] = []
         if self._nvml is not None:
             gpus += sample_nvidia(self._nvml)
@@ -131,6 +132,6 @@ class Monitor:
             "ram_total": int(vm.total),
             "ram_used": int(vm.total - vm.available),
             "ram_available": int(vm.available),
-            "swap_used": int(sw.used),
+            "swap_used": sw.used if sw else None,
             "gpus": [g.public() for g in gpus],
         }

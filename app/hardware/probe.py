@@ -16,6 +16,7 @@ from app.hardware.cpu import CpuinfoFacts, parse_cpuinfo, usable_cores
 from app.hardware.engine import read_engine_devices
 from app.hardware.model import CPUInfo, EngineDevice, GPUInfo, Hardware, MemoryInfo, Vendor
 from app.hardware.nvidia import read_nvidia
+from app.hardware.swap import swap_now
 from app.hardware.sysfs import AMDGPU_IDS, SYSFS_ROOT, read_sysfs_gpus
 
 _ARCH = {"amd64": "x86_64", "x64": "x86_64", "aarch64": "arm64", "armv8": "arm64"}
@@ -68,12 +69,12 @@ def _cpu(facts: CpuinfoFacts | None, apple: AppleFacts | None, cgroup_root: Path
 
 
 def _memory(cgroup_root: Path, self_cg: str, linux: bool) -> MemoryInfo:
-    vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+    vm, sw = psutil.virtual_memory(), swap_now()
     return MemoryInfo(
         total=int(vm.total),
         available=int(vm.available),
-        swap_total=int(sw.total),
-        swap_free=int(sw.free),
+        swap_total=sw.total if sw else None,
+        swap_free=sw.free if sw else None,
         cgroup_limit=cgroup_memory_limit(cgroup_root, self_cgroup=self_cg) if linux else None,
     )
 

@@ -25,6 +25,7 @@ from app.hub import safe_names
 
 PREVIOUS_REF = "switchyard-previous"
 CANDIDATE_REF = "switchyard-candidate"  # a gated update lands here; main moves only if it passes
+ROLLED_BACK_REF = "switchyard-rolled-back"  # the commit a rollback left (a second rollback goes no further)
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 
 

@@ -26,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,12 +37,14 @@ from app.core import statefile
 from app.core.errors import (
     BadRequestError,
     DiskFullError,
+    DownloadBusyError,
     DownloadError,
     DownloadNotFoundError,
     HubFileNotFoundError,
     SwitchyardError,
 )
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
+from app.core.jobs import ACTIVE, TRANSITIONS, JobState
 from app.core.secrets import Secret
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
@@ -54,37 +55,20 @@ from app.hub.selection import RepoCommit, fetch_commit, select
 from app.hub.slots import Slots
 from app.hub.transfer import FileSpec, Transfer, TransferOptions, partial_bytes, remove_partial
 
-
-class JobState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-ACTIVE = (JobState.QUEUED, JobState.RUNNING)
-TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
-_Q, _R, _P, _F, _X = JobState.QUEUED, JobState.RUNNING, JobState.PAUSED, JobState.FAILED, JobState.CANCELLED
-# queued -> queued and running -> queued: a job recorded as active by a process that stopped is resumed
-JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({_Q, _R, _P, _F, _X}),
-    JobState.RUNNING: frozenset({_Q, JobState.COMPLETED, _P, _F, _X}),
-    JobState.PAUSED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
-    JobState.FAILED: frozenset({JobState.QUEUED, JobState.CANCELLED}),
-    JobState.COMPLETED: frozenset(),
-    JobState.CANCELLED: frozenset(),
-}
+# one state machine for every job (app/core/jobs.py): a download uses all of it
+JOB_TRANSITIONS = TRANSITIONS
 MOVE_EVENTS = {
-    JobState.QUEUED: "download.resumed",
-    JobState.RUNNING: "download.started",
-    JobState.PAUSED: "download.paused",
-    JobState.COMPLETED: "download.completed",
-    JobState.FAILED: "download.failed",
-    JobState.CANCELLED: "download.cancelled",
+    JobState.QUEUED: EventKind.DOWNLOAD_RESUMED,
+    JobState.RUNNING: EventKind.DOWNLOAD_STARTED,
+    JobState.PAUSED: EventKind.DOWNLOAD_PAUSED,
+    JobState.COMPLETED: EventKind.DOWNLOAD_COMPLETED,
+    JobState.FAILED: EventKind.DOWNLOAD_FAILED,
+    JobState.CANCELLED: EventKind.DOWNLOAD_CANCELLED,
 }
 MIB = 1024 * 1024
+# a job resumed at start may find its partial still locked by the process that ran it before, while that
+# one shuts down (a quick quit and restart): the resume waits this long for the lock before it fails
+RESUME_LOCK_WAIT_S = 30.0
 
 
 def env_token() -> Secret | None:
@@ -219,6 +203,7 @@ class DownloadManager:
         self._slots = Slots(settings.download_concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._persisted: set[str] = set()  # ids of the jobs whose state file this manager read or wrote
+        self._resumed: set[str] = set()  # jobs this manager resumed at its start (see RESUME_LOCK_WAIT_S)
 
     def config(self) -> HubConfig:
         return hub_config(self.settings, token=self.token())
@@ -246,6 +231,7 @@ class DownloadManager:
         if self.resume_on_start and not self.config().offline:
             for job in self.jobs.values():
                 if job.state in ACTIVE:
+                    self._resumed.add(job.id)
                     self._set(job, JobState.QUEUED)
                     self._start(job)
         return self
@@ -325,7 +311,7 @@ class DownloadManager:
         job.bytes_done = self._have(job)
         self.jobs[job.id] = job
         self._save(job)
-        self._emit(job, "download.queued")
+        self._emit(job, EventKind.DOWNLOAD_QUEUED)
         self._start(job)
         return job
 
@@ -436,7 +422,7 @@ class DownloadManager:
             job.per_file[f.path] = f.size if blob.exists() else partial_bytes(repo_dir, f)
         return sum(job.per_file.values())
 
-    def _emit(self, job: Job, kind: str, *, delta: int = 0) -> None:
+    def _emit(self, job: Job, kind: EventKind, *, delta: int = 0) -> None:
         self.bus.publish(kind, **{**job.data(), "delta": delta})
 
     def _on_bytes(self, job: Job, path: str, n: int) -> None:
@@ -453,7 +439,7 @@ class DownloadManager:
     def _progress(self, job: Job, now: float) -> None:
         job._last_emit = now
         delta, job._sent = job.received - job._sent, job.received
-        self._emit(job, "download.progress", delta=delta)
+        self._emit(job, EventKind.DOWNLOAD_PROGRESS, delta=delta)
 
     def _check_space(self, job: Job, config: HubConfig) -> None:
         repo_dir = cache_layout.repo_folder(config.cache_dir, job.repo)
@@ -479,7 +465,7 @@ class DownloadManager:
                 raise offline_error(config, f"{job.repo} (download {job.id})")
             job.bytes_done = await asyncio.to_thread(self._have, job)
             await asyncio.to_thread(self._check_space, job, config)
-            await self._fetch_files(job, config)
+            await self._fetch_resumed(job, config)
             await asyncio.to_thread(self._land, job, config)
         except asyncio.CancelledError:
             raise
@@ -495,6 +481,24 @@ class DownloadManager:
         if self.on_complete is not None:  # the catalog knows the model before anyone hears it is complete
             self.on_complete(job.repo)
         self._set(job, JobState.COMPLETED)
+
+    async def _fetch_resumed(self, job: Job, config: HubConfig) -> None:
+        """`_fetch_files`; for a job resumed at start, a partial another process still holds is waited for
+        (RESUME_LOCK_WAIT_S): that process is the one this start replaces, shutting down."""
+        waited_until = time.monotonic() + RESUME_LOCK_WAIT_S
+        while True:
+            try:
+                await self._fetch_files(job, config)
+            except DownloadBusyError:
+                if job.id in self._resumed and time.monotonic() < waited_until:
+                    if job.state is JobState.RUNNING:
+                        self._set(job, JobState.QUEUED)  # waiting again: it runs once it has the lock
+                    await asyncio.sleep(0.5)
+                    continue
+                self._resumed.discard(job.id)
+                raise
+            self._resumed.discard(job.id)
+            return
 
     def _fail(self, job: Job, message: str, code: str) -> None:
         self._tasks.pop(job.id, None)
@@ -618,6 +622,7 @@ class DownloadManager:
         keep = {
             cache_layout.read_ref(repo_dir, revision),
             cache_layout.read_ref(repo_dir, cache_layout.PREVIOUS_REF),
+            cache_layout.read_ref(repo_dir, cache_layout.ROLLED_BACK_REF),
         }
         freed = (
             cache_layout.discard_snapshot(repo_dir, candidate) if candidate and candidate not in keep else 0
@@ -630,6 +635,13 @@ class DownloadManager:
         current = cache_layout.read_ref(repo_dir, revision)
         previous = cache_layout.read_ref(repo_dir, cache_layout.PREVIOUS_REF)
         if previous is None or current is None:
+            left = cache_layout.read_ref(repo_dir, cache_layout.ROLLED_BACK_REF)
+            if left is not None and current is not None:  # a second --rollback: never forward again
+                raise BadRequestError(
+                    f"{repo} is already rolled back to {current[:12]} (from {left[:12]}); nothing earlier is "
+                    "kept. `switchyard update` fetches the newest commit again",
+                    param="repo",
+                )
             raise BadRequestError(
                 f"{repo} has no earlier commit to roll back to (no `switchyard update` has changed it)",
                 param="repo",
@@ -638,6 +650,8 @@ class DownloadManager:
             raise HubFileNotFoundError(
                 f"the snapshot of {repo} at {previous[:12]} was deleted; cannot roll back"
             )
-        cache_layout.write_ref(repo_dir, cache_layout.PREVIOUS_REF, current)
+        # the commit left is remembered apart from `previous`: a second rollback must not move forward
+        cache_layout.write_ref(repo_dir, cache_layout.ROLLED_BACK_REF, current)
+        cache_layout.delete_ref(repo_dir, cache_layout.PREVIOUS_REF)
         cache_layout.write_ref(repo_dir, revision, previous)
         return {"repo": repo, "revision": revision, "commit": previous, "previous": current}

@@ -6,6 +6,7 @@ git oids); the transfer itself is ours (app/hub/transfer.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -94,10 +95,21 @@ def pulled_projector(projectors: list[RepoFile], repo: str) -> RepoFile | None:
     return _projector(projectors, repo, None)
 
 
-def select(rc: RepoCommit, selector: str | None, *, mmproj: str | None = None) -> list[FileSpec]:
+def cli_pull(repo: str, quant: str) -> str:
+    return f"`switchyard pull {repo}:{quant}`"
+
+
+def select(
+    rc: RepoCommit,
+    selector: str | None,
+    *,
+    mmproj: str | None = None,
+    spell: Callable[[str, str], str] = cli_pull,
+) -> list[FileSpec]:
     """The files `selector` names: a file path, a quantization (all its parts plus the projector), or,
     with no selector, the one quantization a GGUF repository has, or every file of a non-GGUF one.
-    `mmproj` names the projector to pull with a quantization (`pull --mmproj FILE`; "none": none)."""
+    `mmproj` names the projector to pull with a quantization (`pull --mmproj FILE`; "none": none).
+    `spell(repo, quant)`: how the caller's user names a quantization (an Ollama client: hf.co/REPO:Q)."""
     if selector and selector in rc.files:
         return [rc.files[selector]]
     repo_files = [RepoFile(f.path, f.size, f.sha256) for f in rc.files.values()]
@@ -113,7 +125,7 @@ def select(rc: RepoCommit, selector: str | None, *, mmproj: str | None = None) -
     elif groups.choices:
         raise BadRequestError(
             f"{rc.repo} has {len(groups.choices)} quantizations ({names}); name one: "
-            f"`switchyard pull {rc.repo}:{groups.choices[0].name}`",
+            f"{spell(rc.repo, groups.choices[0].name)}",
             param="quant",
         )
     else:

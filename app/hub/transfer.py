@@ -44,12 +44,8 @@ from app.core.errors import (
     HubGatedError,
     SwitchyardError,
 )
+from app.core.platform import locks
 from app.hub import cache_layout
-
-try:  # POSIX; on Windows two writers are not kept apart (the GUI runs one manager anyway)
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 MIB = 1024 * 1024
 
@@ -277,16 +273,15 @@ class Transfer:
         cache_layout.inside_repo(self.repo_dir, self.dir)
         binary = getattr(os, "O_BINARY", 0)  # Windows would otherwise translate newlines
         self._lock_fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | binary, 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(self._lock_fd)
-                self._lock_fd = -1
-                raise DownloadBusyError(
-                    f"{self.what} is being downloaded by another Switchyard process (a running server or "
-                    "another `pull`); wait for it, or stop it first"
-                ) from exc
+        try:
+            locks.lock(self._lock_fd, wait=False)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise DownloadBusyError(
+                f"{self.what} is being downloaded by another Switchyard process (a running server or "
+                "another `pull`); wait for it, or stop it first"
+            ) from exc
         self._load_state()
         self._fd = os.open(self.dir / "data", os.O_RDWR | os.O_CREAT | binary, 0o644)
         if os.fstat(self._fd).st_size != self.spec.size:

@@ -23,7 +23,7 @@ from typing import Any
 from app.core import statefile
 from app.core.background import cancelled
 from app.core.errors import SwitchyardError
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
 from app.hub.config import HubConfig
 from app.hub.selection import RepoCommit, fetch_commit
 
@@ -162,7 +162,7 @@ class UpdateChecker:
                 key = f"{info.model}@{info.head}"
                 if info.available and key not in self._announced:
                     self._announced.add(key)
-                    self.bus.publish("model.update_available", **info.public())
+                    self.bus.publish(EventKind.MODEL_UPDATE_AVAILABLE, **info.public())
             await asyncio.to_thread(self._write, self.public())
             return self.public()
 

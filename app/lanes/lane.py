@@ -31,9 +31,13 @@ from app.core.errors import (
     EngineStartError,
     EngineUnresponsiveError,
     SwitchyardError,
+    UpstreamRefusedError,
 )
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
+from app.core.platform.stopped import tree_stopped
 from app.core.settings import Settings
+from app.lanes.engines.llamacpp.start_errors import start_advice, start_cause
+from app.lanes.engines.plan import LaunchPlan
 from app.lanes.footprint import Footprint, parse_footprint
 from app.lanes.lane_machine import (
     TRANSITIONS,
@@ -46,10 +50,14 @@ from app.lanes.lane_machine import (
     Stop,
     check_transition,
 )
-from app.lanes.plan import LaunchPlan
+from app.lanes.lane_requests import (
+    lane_defaults,
+    lane_draft_unsuited,
+    lane_logprobs_partial,
+    lane_speculation,
+)
 from app.lanes.proc import EngineProcess, LogRing
 from app.lanes.target import Progress, Requests, refusal_error
-from app.routing.engines import LLAMA_ENGINES
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
@@ -61,6 +69,12 @@ BEFORE_STOP_S = 30.0  # the most a stop waits for its hook (saving slots to the 
 
 def lane_slug(model_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id)
+
+
+def frozen_process(pid: int) -> bool:
+    """Whether the process `pid`, or one of its children, is stopped and so makes no progress (False when
+    it is gone: the exit watcher reports that). Its own tree only: this runs every second on the loop."""
+    return tree_stopped(pid)
 
 
 class Lane:
@@ -236,17 +250,19 @@ class Lane:
     def slot_context(self) -> tuple[int, int, int] | None:
         """(tokens per request, total context, parallel slots) of a llama.cpp plan; other engines check the
         prompt length themselves (None)."""
-        if self.plan is None or self.plan.engine not in LLAMA_ENGINES:
+        if self.plan is None or not self.plan.llama_server:
             return None
         p = self.plan.params
         if p.ctx_size <= 0 or p.parallel <= 0:
             return None
-        return p.ctx_size // p.parallel, p.ctx_size, p.parallel
+        per = p.ctx_size // p.parallel
+        cap = getattr(p, "slot_cap", 0)  # llama.cpp caps a slot at the trained context
+        return (min(per, cap) if cap > 0 else per), p.ctx_size, p.parallel
 
     async def sees_images(self, http: aiohttp.ClientSession) -> bool | None:
         """Whether the running engine has a vision projector loaded (llama.cpp's /props), asked once per
         engine process; other engines answer for themselves (None)."""
-        if self.engine not in LLAMA_ENGINES:
+        if self.plan is None or not self.plan.llama_server:
             return None
         key = self.proc.pid if self.proc is not None else None
         if self._vision is not None and self._vision[0] == key:
@@ -260,6 +276,42 @@ class Lane:
         seen = isinstance(modalities, dict) and bool(modalities.get("vision"))
         self._vision = (key, seen)
         return seen
+
+    # ---- what the gateway asks of a target (app/lanes/target.py) -------------------------------------
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The session every local engine's requests go through (the supervisor's)."""
+        return self._http
+
+    traced = False  # an engine reads no trace context
+    tokenizes = True  # a local engine is asked to render and tokenize (llama.cpp's routes)
+
+    @property
+    def relays_raw(self) -> bool:
+        return self.base_url.startswith("http://")
+
+    def garbled(self, path: str) -> SwitchyardError:
+        return UpstreamRefusedError(
+            f"the engine for {self.model_id!r} answered {path} with something that is not JSON",
+            status=502,
+            source="engine",
+        )
+
+    def request_defaults(
+        self, body: dict[str, Any], *, route: str, settings: Settings
+    ) -> dict[str, Any] | None:
+        return lane_defaults(self, body, route=route, settings=settings)
+
+    def draft_unsuited(self, body: dict[str, Any], *, settings: Settings) -> str | None:
+        return lane_draft_unsuited(self, body, settings=settings)
+
+    def logprobs_partial(self, body: dict[str, Any]) -> str | None:
+        """Why `body`'s log probabilities would cover only some tokens here (speculation), or None."""
+        return lane_logprobs_partial(self, body)
+
+    async def speculation(self) -> dict[str, Any]:
+        """Whether the ready engine speculates, per slot (llama.cpp's /slots)."""
+        return await lane_speculation(self._http, self.base_url)
 
     async def ensure_ready(self) -> None:
         if self.available:
@@ -342,7 +394,7 @@ class Lane:
             transition_text(state, previous, held=held, ready_for=self._ready_for, reason=reason),
         )
         self.bus.publish(
-            "lane.state",
+            EventKind.LANE_STATE,
             lane=self.id,
             model=self.model_id,
             state=str(state),
@@ -408,7 +460,8 @@ class Lane:
         if was_failed:
             self.restarts += 1
         try:
-            self.plan = self._plan_factory()
+            # off the event loop: a plan may rescan the catalog, probe runtimes, read a GGUF's layout
+            self.plan = await asyncio.to_thread(self._plan_factory)
         except SwitchyardError as exc:  # model gone or broken, no runtime: the caller gets that error itself
             self._fail(exc.message)
             raise
@@ -438,7 +491,7 @@ class Lane:
         self._set(LaneState.READY)
         self._liveness = asyncio.create_task(self._check_alive(proc), name=f"liveness:{self.model_id}")
         self.bus.publish(
-            "lane.ready",
+            EventKind.LANE_READY,
             lane=self.id,
             model=self.model_id,
             pid=self.proc.pid,
@@ -453,7 +506,7 @@ class Lane:
         (llama.cpp's buffer lines) and stdout (the ready line) are separate pipes, so those lines may
         trail readiness."""
         # only llama.cpp logs its buffer sizes; other kinds are measured by their resident memory alone
-        llama = self.plan is not None and self.plan.engine in LLAMA_ENGINES
+        llama = self.plan is not None and self.plan.llama_server
         deadline = time.monotonic() + (FOOTPRINT_WAIT_S if llama else 0)
         while self.measured is not None and self.measured.empty and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -512,6 +565,18 @@ class Lane:
             with contextlib.suppress(TimeoutError):  # woken at once by the engine's own ready line
                 await asyncio.wait_for(proc.reported_ready.wait(), 0.02 if now - t0 < 1 else 0.1)
 
+    def _start_cause(self) -> str:
+        """The engine's own reason for a failed start, leading the message ("" where it logged none)."""
+        if self.plan is None or not self.plan.llama_server:
+            return ""
+        lines = self.ring.tail(200)
+        starts = [i for i, ln in enumerate(lines) if ln.startswith("--- switchyard: starting")]
+        cause = start_cause(lines[starts[-1] if starts else 0 :])  # this start's lines, not an earlier one's
+        if cause is None:
+            return ""
+        advice = start_advice(cause)
+        return f"{self.engine}: {cause}{f'; {advice}' if advice else ''}; "
+
     def _with_tail(self, msg: str) -> str:
         tail = [ln for ln in self.ring.tail(12) if not ln.startswith("--- switchyard")]
         return msg + ("; engine log: " + " | ".join(tail) if tail else "")
@@ -522,7 +587,7 @@ class Lane:
 
     def _fail_exited(self, proc: EngineProcess, *, during: str) -> None:
         rc = proc.proc.returncode
-        reason = self._with_tail(f"engine exited with code {rc} during {during}")
+        reason = self._with_tail(f"{self._start_cause()}engine exited with code {rc} during {during}")
         self._fail(reason)
         raise EngineStartError(f"engine for {self.model_id!r} failed to start: {reason}")
 
@@ -544,11 +609,19 @@ class Lane:
         """Every engine_liveness_s while `proc` serves: its health route must answer (any status) within
         engine_liveness_timeout_s, or some request must have made progress meanwhile."""
         every, limit = self.settings.engine_liveness_s, self.settings.engine_liveness_timeout_s
+        probed = time.monotonic()
         while True:
-            await asyncio.sleep(every)
+            # the process state each second: a stopped engine (SIGSTOP, a debugger) holds its clients with
+            # no answer and no progress, and the health probe's timeout alone would take half a minute
+            await asyncio.sleep(min(1.0, every))
             if proc is not self.proc or self.state is not LaneState.READY or self.plan is None:
                 return
-            t0 = time.monotonic()
+            if frozen_process(proc.proc.pid):
+                self.unresponsive("is stopped (SIGSTOP, a debugger or a frozen cgroup), so it cannot answer")
+                return
+            if time.monotonic() - probed < every:
+                continue
+            probed = t0 = time.monotonic()
             try:
                 async with self._http.get(
                     self.base_url + self.plan.health_path, timeout=aiohttp.ClientTimeout(total=limit)

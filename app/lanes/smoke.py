@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from app.core.errors import SwitchyardError
-from app.core.events import EventBus
+from app.core.events import EventBus, EventKind
 from app.lanes.lane import Lane, LaneState
 from app.lanes.supervisor import Supervisor
 from app.library.catalog import Catalog
@@ -115,7 +115,7 @@ class SmokeTests:
         line = f"smoke test {'passed' if ok else 'failed'} ({request}, {seconds:.2f} s): {detail}"
         (log.info if ok else log.warning)("%s: %s", entry.id, line)
         lane.ring.add(f"--- switchyard: {line}")
-        self.bus.publish("library.changed", model=entry.id, reason="smoke", smoke=result.public())
+        self.bus.publish(EventKind.LIBRARY_CHANGED, model=entry.id, reason="smoke", smoke=result.public())
         return result
 
     async def _ask(self, lane: Lane, request: str) -> tuple[bool, str]:

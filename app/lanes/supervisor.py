@@ -19,7 +19,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -36,17 +37,13 @@ from app.core.pins import PinStore
 from app.core.policy import parse_policy
 from app.core.settings import Settings
 from app.core.units import MIB
-from app.fit.plan import FitReport
 from app.hardware.model import Hardware
 from app.hardware.probe import read_memory
-from app.lanes.kind import EngineKind
-from app.lanes.kinds import choose_kind, default_kind, engine_kinds
+from app.lanes.engines.kind import EngineKind, plan_window
+from app.lanes.engines.once import start_scope
+from app.lanes.engines.plan import LaunchPlan, StartContext
+from app.lanes.engines.registry import choose_kind, default_kind, engine_kinds, paired
 from app.lanes.lane import Lane, LaneState, lane_slug
-from app.lanes.llamacpp import fit_for
-from app.lanes.llamacpp_spec import with_draft
-from app.lanes.mistralrs import with_assistant
-from app.lanes.mlx import trained_context
-from app.lanes.plan import LaunchPlan
 from app.lanes.proc import LogRing
 from app.lanes.residency import (
     Footprint,
@@ -61,7 +58,7 @@ from app.lanes.residency import (
     settle_rss,
 )
 from app.library.catalog import Catalog, ModelEntry
-from app.routing.engines import LLAMA_ENGINES, title
+from app.routing.engines import title
 
 log = logging.getLogger("switchyard.supervisor")
 # side lanes: small models that load beside the text lane when their footprint fits, in both modes
@@ -85,6 +82,18 @@ def _rerank_note(entry: ModelEntry, capability: str) -> str | None:
             "reranker GGUF (pooling type rank, e.g. a bge-reranker or Qwen3-Reranker build)"
         )
     return None
+
+
+@dataclass
+class _Prepared:
+    """What one start asks before its plan, asked once and off the event loop: the catalog's entry (a
+    rescan on a miss), its kind (the pin, the runtime choice) and what it drafts with; or the error that
+    the start reports. `memo` keeps answers the plan asks again (engines/once.py)."""
+
+    entry: ModelEntry | None = None
+    kind: EngineKind | None = None
+    error: SwitchyardError | None = None
+    memo: dict[Hashable, object] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -122,6 +131,7 @@ class Supervisor:
         # per model: a prediction made before a start where the plan carries none (side lanes' file sizes)
         self.predicted: dict[str, Footprint] = {}
         self._gpu_before: dict[str, dict[str, int]] = {}  # cards' memory used just before a start
+        self._starts: dict[str, _Prepared] = {}  # per model: its start's answers, while it starts
 
     async def __aenter__(self) -> Supervisor:
         self._http = aiohttp.ClientSession()
@@ -174,35 +184,52 @@ class Supervisor:
             param="model",
         )
 
+    def setting_keys(self, engine: str) -> tuple[str, ...]:
+        """The Settings fields only the kind of lane id `engine` reads at a start (none for an unknown id)."""
+        kind = self.kinds.get(engine)
+        return kind.setting_keys if kind is not None else ()
+
+    def _prepare(self, model_id: str) -> _Prepared:
+        """A start's entry and kind (blocking: the supervisor runs it in a thread, once per start)."""
+        prep = _Prepared()
+        with start_scope(prep.memo):
+            try:
+                # re-read the catalog at each start: the file may have changed or vanished since
+                fresh = self.catalog.get(model_id)
+                kind = self.kind_for(fresh)
+                prep.entry = paired(
+                    kind, fresh, self.settings, self.catalog.servable(), hardware=self.hardware
+                )
+                prep.kind = kind
+            except SwitchyardError as exc:  # the lane's start reports it (and fails)
+                prep.error = exc
+        return prep
+
     def _plan_factory(self, entry: ModelEntry) -> LaunchPlan:
-        # re-read the catalog at each start: the file may have changed or vanished since
-        fresh = self.catalog.get(entry.id)
-        kind = self.kind_for(fresh)
-        if kind.lane in LLAMA_ENGINES:
-            fresh = with_draft(fresh, self.settings, self.catalog.servable())
-        elif kind.lane == "mistral.rs":  # its draft is an MTP assistant, paired by the same tokenizer check
-            fresh = with_assistant(fresh, self.settings, self.catalog.servable(), hardware=self.hardware)
+        """The start's plan (the lane runs it in a thread): from the answers `ensure` prepared, else fresh."""
+        prep = self._starts.get(entry.id) or self._prepare(entry.id)
+        if prep.error is not None:
+            raise prep.error
+        assert prep.entry is not None and prep.kind is not None
+        kind = prep.kind
         hw = self.hardware
         if hw is not None:
             # RAM is read fresh (it already reflects loaded engines); GPU figures come from the snapshot,
             # so subtract what the other loaded lanes were planned to take there
             hw = dataclasses.replace(hw, memory=read_memory())
-        plan = kind.build(
-            fresh,
-            self.settings,
-            ppid=os.getpid(),
-            free_port=free_port(),
-            hardware=hw,
-            used=self.gpu_used(exclude=entry.id),
+        start = StartContext(
+            ppid=os.getpid(), port=free_port(), hardware=hw, used=self.gpu_used(exclude=entry.id)
         )
+        with start_scope(prep.memo):
+            plan = kind.build(prep.entry, self.settings, start)
         lane = self.lanes.get(entry.id)
         if lane is not None:
             lane.engine = kind.lane
-        return plan
+        return dataclasses.replace(plan, api=kind.api_style)  # what the lane asks of it follows its kind
 
     def gpu_used(self, *, exclude: str | None = None) -> dict[str, int]:
         used: dict[str, int] = {}
-        for lane in self.lanes.values():
+        for lane in list(self.lanes.values()):  # a copy: a start's plan reads this in a thread
             if lane.id == exclude or lane.state not in (LaneState.READY, LaneState.STARTING) or not lane.plan:
                 continue
             pred = lane.plan.predicted()
@@ -265,22 +292,30 @@ class Supervisor:
             if self.pool_of(ln) == pool and ln.state in (LaneState.READY, LaneState.STARTING)
         ]
 
-    def _limit(self, pool: str) -> int:
+    def _limit(self, pool: str) -> int | None:
+        """How many lanes of `pool` may be loaded at once (None: no count cap, memory decides)."""
         if pool == "judge":
             return max(len(self.judge_ids()), 1)  # every judge of the policy may stay loaded
-        return self.settings.max_embedding_lanes if pool == "side" else self.settings.max_loaded_lanes
+        if pool == "side":
+            return self.settings.max_embedding_lanes
+        return self.settings.loaded_lane_cap
 
     async def _make_room(self, target: Lane) -> None:
+        """Memory first where residency is "memory" (it shares the machine by memory); then the count cap,
+        if any, whose stops say that the count, not memory, made them."""
         pool = self.pool_of(target)
+        by_memory = self.settings.residency == "memory"
+        if by_memory:
+            await self._make_memory_room(target)
+        cap = self._limit(pool)
         others = [ln for ln in self._loaded(pool) if ln is not target]
-        excess = len(others) + 1 - self._limit(pool)
+        excess = 0 if cap is None else len(others) + 1 - cap
         victims = sorted(others, key=lambda ln: (ln.in_flight > 0, ln.last_used or 0))[: max(0, excess)]
         for victim in victims:
-            limit = f"only {self._limit(pool)} {target.kind} lane(s) may be loaded"
-            await self._swap_out(victim, target, busy=f"{limit}; retry, or raise max_loaded_lanes")
-        if self.settings.residency == "memory":
-            await self._make_memory_room(target)
-        elif target.kind in _SIDE_KINDS or pool == "judge":
+            limit = f"only {cap} {target.kind} lane(s) may be loaded (max_loaded_lanes)"
+            note = f"max_loaded_lanes is {cap}; memory would have held both" if by_memory else None
+            await self._swap_out(victim, target, busy=f"{limit}; retry, or raise max_loaded_lanes", note=note)
+        if not by_memory and (target.kind in _SIDE_KINDS or pool == "judge"):
             await self._make_memory_room(target, side=True)
         # the card's memory just before the start: the settle footprint is the delta from it
         self._gpu_before[target.model_id] = await asyncio.to_thread(gpu_used_now, self.hardware)
@@ -305,7 +340,7 @@ class Supervisor:
         (busy ones only after they finish); refuse with the numbers when even that would not do.
         `side` (a side lane in single mode): the same rule, but where stopping every other lane would
         not make it fit, nothing is stopped and the start is tried anyway (the engine's start decides)."""
-        need = self.need_of(target)
+        need = await asyncio.to_thread(self.need_of, target)  # may read a GGUF's layout: off the loop
         for _ in range(len(self.lanes)):
             others = [ln for ln in self.lanes.values() if ln is not target and ln.state is LaneState.READY]
             free = self._free(others)
@@ -359,30 +394,26 @@ class Supervisor:
         return planned if planned is not None else self.predicted.get(lane.model_id)
 
     def need_of(self, lane: Lane) -> Footprint | None:
-        """What starting `lane` will take: as `footprint_of`, else a fresh llama.cpp memory plan."""
+        """What starting `lane` will take: as `footprint_of`, else its kind's prediction (a llama.cpp memory
+        plan, a speech model's files; None where only a measurement is real). Blocking: `ensure` runs it in
+        a thread."""
         known = self.footprint_of(lane)
         if known is not None or self.hardware is None:
             return known
-        try:
-            entry = self.catalog.get(lane.model_id)
-            engine = self.kind_for(entry).lane
-            if engine not in LLAMA_ENGINES and lane.kind in _SIDE_KINDS and engine != "mlx":
-                # a speech model (whisper.cpp, piper) maps its files whole: their size until one is measured
-                size = sum(f.size for f in entry.files) or _size_of(entry.path)
-                guess = Footprint({"CPU": size}, "predicted") if size else None
-                if guess is not None:
-                    self.predicted[lane.model_id] = guess
-                return guess
-            if engine not in LLAMA_ENGINES:
-                return None  # runtime-managed kinds are known by their measured footprint only
-            hw = dataclasses.replace(self.hardware, memory=read_memory())
-            report = fit_for(entry, self.settings, hardware=hw, used=self.gpu_used(exclude=lane.id))
-        except SwitchyardError:
+        prep = self._starts.get(lane.model_id) or self._prepare(lane.model_id)
+        if prep.entry is None or prep.kind is None:
             return None  # the start itself says what is wrong with the model
-        if not isinstance(report, FitReport) or not report.placements:
+        hw = dataclasses.replace(self.hardware, memory=read_memory())
+        try:
+            with start_scope(prep.memo):
+                guess = prep.kind.predict(
+                    prep.entry, self.settings, hardware=hw, used=self.gpu_used(exclude=lane.id)
+                )
+        except SwitchyardError:
             return None
-        placement = report.chosen or report.placements[-1]  # no fit now: the CPU plan, the largest host need
-        return Footprint({d.device: d.total for d in placement.devices}, "predicted")
+        if guess is not None and prep.kind.memory != "planned":
+            self.predicted[lane.model_id] = guess  # a planned kind's plan carries its own prediction
+        return guess
 
     def _lane_ready(self, lane: Lane) -> None:
         if lane.proc is not None:  # first: a failing recorder below must not cost the measurement
@@ -413,8 +444,13 @@ class Supervisor:
             return lane
         async with self._swap_lock:
             if not lane.available:
-                await self._make_room(lane)
-                await lane.ensure_ready()
+                # the catalog, the pin and the kind choice (a runtime probe): once per start, off the loop
+                self._starts[model_id] = await asyncio.to_thread(self._prepare, model_id)
+                try:
+                    await self._make_room(lane)
+                    await lane.ensure_ready()
+                finally:
+                    self._starts.pop(model_id, None)
         return lane
 
     @contextlib.asynccontextmanager
@@ -451,6 +487,13 @@ class Supervisor:
         lane = self.get_lane(model_id)  # works even if the file has since vanished or broken
         await lane.stop(reason="unloaded on request")
         return lane
+
+    async def forget(self, model_id: str) -> None:
+        """Drop the lane of a model removed from the library (stopped: removal is refused while loaded),
+        so `ps`, /api/lanes and the window stop listing a model that is gone."""
+        lane = self.lanes.pop(model_id, None)
+        if lane is not None:
+            await lane.close()
 
     async def _reap_idle(self) -> None:
         while True:
@@ -499,28 +542,11 @@ class Supervisor:
             "footprint_predicted": predicted.public() if predicted else None,
             "capacity": capacity,
         }
-        if lane.engine == "mlx":
-            # MLX grows its cache as requests come: the trained window is the bound, no KV estimate
-            params = lane.plan.params if lane.plan is not None else None
-            window = getattr(params, "trained_context", None) if params else self._mlx_window(lane)
-            return {**row, "ctx": window or 0, "kv_estimate": None}
         fit = lane.plan.fit if lane.plan is not None else None
-        ctx = getattr(lane.plan.params, "ctx_size", None) if lane.plan is not None else None
         kv = sum(d.kv_cache for d in fit.chosen.devices) if fit is not None and fit.chosen else None
+        ctx = (
+            kind.window(lane.plan, lambda: self.catalog.find(lane.model_id))
+            if kind
+            else plan_window(lane.plan)
+        )
         return {**row, "ctx": ctx, "kv_estimate": kv}
-
-    def _mlx_window(self, lane: Lane) -> int | None:
-        try:
-            return trained_context(self.catalog.get(lane.model_id).path)
-        except SwitchyardError:
-            return None
-
-
-def _size_of(path: Path) -> int:
-    """Bytes of a model file, or of every file in a model folder; 0 when it cannot be read."""
-    try:
-        if path.is_file():
-            return path.stat().st_size
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    except OSError:
-        return 0

@@ -1,10 +1,12 @@
 """What a request goes to: a local lane (`Lane`) or one model of a remote (`RemoteLane`).
 
-The gateway (app/server/gateway.py) knows targets only through this protocol, so a new lane kind needs no
+The gateway (app/server/gateway/core.py) knows targets only through this protocol, so a new lane kind needs no
 change in `server/`: the target says where it listens, which headers it needs, what the request's model is
 called there, how a refusal or a broken connection reads as an error, and which checks the gateway must make
 for it before sending (a local llama.cpp engine has a per-request context and may lack a vision projector; a
-remote checks for itself).
+remote checks for itself), and what the gateway would otherwise learn by testing its class: the session its
+requests go through, whether a trace goes on, whether its streams may take the byte relay, how a prompt is
+counted, and what it fills in on a request (a llama.cpp lane's output cap and adapter scales).
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Awaitable, Iterator
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import aiohttp
 
 from app.core.errors import SwitchyardError, UpstreamRefusedError
+from app.core.settings import Settings
 
 T = TypeVar("T")
 
@@ -109,6 +113,48 @@ class Target(Protocol):
         itself (a remote)."""
         ...
 
+    # ---- what the gateway asks instead of which class a target is -----------------------------------
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The client session its requests go through (local engines share one; remotes have their own)."""
+        ...
+
+    @property
+    def traced(self) -> bool:
+        """Whether the client's trace context goes on with the request (a remote continues it)."""
+        ...
+
+    @property
+    def relays_raw(self) -> bool:
+        """Whether its streams may be relayed at the protocol level (a local engine on plain HTTP); False
+        where aiohttp must carry them (TLS, proxies, pooled connections to another host)."""
+        ...
+
+    @property
+    def tokenizes(self) -> bool:
+        """Whether prompts are counted by the engine's own /apply-template and /tokenize; False: by asking
+        for one token of answer and reading the usage it reports."""
+        ...
+
+    def garbled(self, path: str) -> SwitchyardError:
+        """The error for an answer to `path` that is not the JSON the API promises."""
+        ...
+
+    def request_defaults(
+        self, body: dict[str, Any], *, route: str, settings: Settings
+    ) -> dict[str, Any] | None:
+        """`body` with what this target fills in that the client left open (an output cap, an adapter's
+        scales), or None to send it as it is."""
+        ...
+
+    def draft_unsuited(self, body: dict[str, Any], *, settings: Settings) -> str | None:
+        """Why this target's draft model does not pay on `body`, or None (it does, or there is none)."""
+        ...
+
+    def logprobs_partial(self, body: dict[str, Any]) -> str | None:
+        """Why `body`'s log probabilities would cover only some tokens here (speculation), or None."""
+        ...
+
 
 def refusal_error(status: int, data: bytes, *, who: str, source: str) -> UpstreamRefusedError:
     """An upstream error answer (`{"error": {...}}`, `{"error": "..."}` or plain text) as our error: its
@@ -126,6 +172,8 @@ def refusal_error(status: int, data: bytes, *, who: str, source: str) -> Upstrea
             message = err
     except (ValueError, AttributeError):
         pass
+    if status >= 500 and OUTPUT_PARSE_FAILURE.search(message):
+        return output_unparsed_error(message, who=who, source=source)
     return UpstreamRefusedError(
         f"{who} refused the request: {message}",
         status=status,
@@ -133,4 +181,25 @@ def refusal_error(status: int, data: bytes, *, who: str, source: str) -> Upstrea
         etype=etype if isinstance(etype, str) else None,
         code=code if isinstance(code, str) else None,
         param=param if isinstance(param, str) else None,
+    )
+
+
+# llama.cpp's chat-output parser rejecting what the model wrote: "The model produced output that does not
+# match the expected peg-native format" (and the same for its other formats)
+OUTPUT_PARSE_FAILURE = re.compile(r"does not match the expected [\w-]+ format")
+
+
+def output_unparsed_error(message: str, *, who: str, source: str) -> UpstreamRefusedError:
+    """The engine generated an answer and then could not parse it with its own chat-format parser: the
+    grammar (a JSON schema, tools) let the model write text that the parser rejects. Not the client's
+    fault nor the gateway's: a 502 that says so and what to try."""
+    return UpstreamRefusedError(
+        f"{who} generated an answer that its own output parser then rejected ({message}). The grammar "
+        "from the request's JSON schema or tools allowed text the engine's parser does not accept (seen "
+        "with free-text strings from models that write raw bytes); retry with another seed or a lower "
+        "temperature, or ask without response_format and check the JSON yourself",
+        status=502,
+        source=source,
+        etype="engine_error",
+        code="engine_output_unparsed",
     )

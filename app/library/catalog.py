@@ -29,9 +29,11 @@ from pathlib import Path
 from app.core.errors import ModelBrokenError, ModelNotFoundError, NoLaneForFormatError
 from app.formats.gguf_adapter import AdapterFacts, adapter_refusal, read_adapter
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
+from app.library.app_stores import AppStore, scan_app_stores
 from app.library.model import FileInfo, ModelEntry, Origin
 from app.library.pairing import ADAPTER_KIND, AdapterPairing, pair_adapter
-from app.library.sources import import_entry, scan_hf_cache, scan_models_dir
+from app.library.sources import import_entry, scan_hf_cache, scan_models_dir, starter_entry
+from app.library.starter import StarterModel
 from app.library.store import HeaderKey, Library
 
 __all__ = ["Catalog", "FileInfo", "ModelEntry", "Origin"]
@@ -43,11 +45,20 @@ LISTED_IN_ERRORS = 20  # model ids a "does not exist" message names; GET /v1/mod
 
 class Catalog:
     def __init__(
-        self, dirs: Iterable[Path], *, library: Library | None = None, hf_cache: Path | None = None
+        self,
+        dirs: Iterable[Path],
+        *,
+        library: Library | None = None,
+        hf_cache: Path | None = None,
+        starter: StarterModel | None = None,
+        stores: Iterable[AppStore] = (),
     ) -> None:
         self.dirs = tuple(Path(d) for d in dirs)
+        # other apps' stores and shared folders, read in place (library/app_stores/)
+        self.stores = tuple(stores)
         self.library = library
         self.hf_cache = hf_cache
+        self.starter = starter  # the starter model (library/starter.py), listed after every other source
         self._cache: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
         self._new_headers: dict[HeaderKey, GGUFFacts | GGUFProblem] = {}
         # LoRA adapters: each GGUF without a layer count read once (None: not an adapter), each adapter
@@ -57,6 +68,7 @@ class Catalog:
         self._adapters: dict[str, AdapterPairing] = {}
         self._entries: dict[str, ModelEntry] = {}
         self._aliases: dict[str, list[str]] = {}
+        self._pulled: set[str] = set()  # models listed under the name a client pulled them by (listing())
         # one scan at a time (the gateway's run in a thread); when the last rescan for a miss began
         self._scan_lock = threading.Lock()
         self._miss_scan_at = float("-inf")
@@ -97,6 +109,9 @@ class Catalog:
                 if e.origin is not None and e.origin.repo in downloaded:
                     e = _with_source(e, "download")
                 found.append(e)
+        found.extend(scan_app_stores(self.stores, read=self._read))
+        if self.starter is not None:  # last: a model of the user's with the same id is served instead
+            found.append(starter_entry(self.starter, read=self._read))
         return found
 
     def scan(self) -> list[ModelEntry]:
@@ -109,9 +124,8 @@ class Catalog:
 
     def _folders(self) -> tuple[int | None, ...]:
         """The mtimes of the scanned folders: a file added to or removed from one changes its own."""
-        roots = [*self.dirs, *([self.hf_cache] if self.hf_cache is not None else [])]
         out: list[int | None] = []
-        for root in roots:
+        for root in self._roots():
             try:
                 out.append(root.stat().st_mtime_ns)
             except OSError:
@@ -145,12 +159,18 @@ class Catalog:
         views = self._alias_views(entries, aliases)
         self._entries, self._aliases = entries, aliases
         if self.library is not None:
-            roots = [*self.dirs, *([self.hf_cache] if self.hf_cache is not None else [])]
             self.library.sync(
-                (e for k, e in entries.items() if "@" not in k), headers=self._new_headers, roots=roots
+                (e for k, e in entries.items() if "@" not in k),
+                headers=self._new_headers,
+                roots=self._roots(),
             )
         self._new_headers = {}
         return [*entries.values(), *views]
+
+    def _roots(self) -> list[Path]:
+        """Every folder a scan covers: the models folders, the HF cache and the other apps' stores."""
+        cache = [self.hf_cache] if self.hf_cache is not None else []
+        return [*self.dirs, *cache, *(s.root for s in self.stores)]
 
     def _mark_adapters(self, entries: dict[str, ModelEntry]) -> dict[str, AdapterPairing]:
         """Turn each LoRA adapter GGUF in `entries` into an adapter entry (no facts, no problem: listed, not
@@ -204,7 +224,7 @@ class Catalog:
         or broken is skipped until it is back; a model's own id or repo alias wins over an alias."""
         if self.library is None:
             return []
-        views = []
+        views, pulled = [], set()
         for name, doc in sorted(self.library.aliases().items()):
             target = entries.get(doc["target"])
             key = name.lower() if ":" in name else name
@@ -212,7 +232,17 @@ class Catalog:
                 continue
             aliases[key] = [target.id]
             views.append(replace(target, id=name, source="alias"))
+            if doc.get("by") == "pull":
+                pulled.add(target.id)
+        self._pulled = pulled
         return views
+
+    def listing(self) -> list[ModelEntry]:
+        """`scan()` as the API lists models, one name per model: one pulled by name through Ollama's
+        API is listed by that name only (its own id still resolves); copies and creates stay names of
+        their own."""
+        entries = self.scan()
+        return [e for e in entries if e.id not in self._pulled]
 
     def entries(self) -> list[ModelEntry]:
         return self.scan()

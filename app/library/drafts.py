@@ -168,6 +168,11 @@ class DraftPairing:
         }
 
 
+def model_bytes(entry: ModelEntry) -> int:
+    """The bytes of the model's files (what a draft's cost is weighed by): a GGUF's parts, a folder's tree."""
+    return _size(entry)
+
+
 def _size(entry: ModelEntry) -> int:
     """The bytes of the model's files: a GGUF's parts, a folder's tree."""
     if entry.format in FOLDER_FORMATS:

@@ -11,9 +11,12 @@ from typing import Any
 from app.core.settings import Settings
 from app.formats.detect import ModelFormat, detect_format
 from app.formats.gguf_meta import GGUFFacts
+from app.library.starter import StarterModel
 
 # where a model was found; `download`: in the HF cache and fetched by `switchyard pull`
-SOURCES = ("models_dir", "hf_cache", "import_copy", "import_link", "download")
+# `starter`: the starter model inside an installed Python package (library/starter.py)
+# `app_store`: in another app's store or a shared folder, read in place, never written (library/app_stores/)
+SOURCES = ("models_dir", "hf_cache", "import_copy", "import_link", "download", "starter", "app_store")
 # formats some lane runs here (app/lanes); the others are listed with status `no_lane`. A safetensors
 # folder is servable: mistral.rs runs plain weights anywhere, vLLM/SGLang quantized ones on NVIDIA GPUs
 # (which of them can start here is the supervisor's question, answered with a 503 that says what to install)
@@ -75,6 +78,28 @@ class Origin:
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The app whose store holds a model Switchyard serves in place (Ollama, LM Studio, Jan, GPT4All, or
+    `folder` for a shared folder the user named): its files are that app's to change, never ours."""
+
+    app: str
+    store: Path  # the store's root folder
+    name: str  # the model's name in that app (Ollama's `llama3.2:latest`, LM Studio's `pub/repo/file`)
+    family: str | None = None  # what the app itself records (Ollama's config blob), when it records it
+    template: str | None = None  # Ollama's prompt template (a Go template), shown, never used to prompt
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "store": str(self.store),
+            "name": self.name,
+            "family": self.family,
+            "template": self.template,
+            "read_only": True,
+        }
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One model. Only GGUF entries carry `facts`; `ok` (servable) also covers other formats with a lane."""
 
@@ -95,6 +120,9 @@ class ModelEntry:
     draft: Path | None = None
     # what the scan's detect_format found (non-GGUF entries; GGUFs carry `facts` from the header cache)
     detected: ModelFormat | None = field(default=None, compare=False, repr=False)
+    owner: Owner | None = None  # another app's store (source `app_store`): read in place, never written
+    # the package the starter model ships in (its version and license); None for every other model
+    starter: StarterModel | None = None
 
     def model_format(self) -> ModelFormat:
         """The detected format: the scan's, or (for an entry made without one) read from `path` now."""
@@ -169,6 +197,8 @@ class ModelEntry:
             "mmproj": str(mmproj) if mmproj else None,
             "vision": mmproj is not None,
             "origin": self.origin.public() if self.origin else None,
+            "owner": self.owner.public() if self.owner else None,
+            "starter": self.starter.public() if self.starter else None,
         }
 
 

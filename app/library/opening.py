@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hub.config import hub_config
+from app.library.app_stores import app_stores
 from app.library.catalog import Catalog
+from app.library.starter import find_starter
 from app.library.store import Library
 
 
@@ -29,7 +31,10 @@ def open_catalog(
     for text in library.notices:
         notice(text)
     dirs = settings.models_dirs or (paths.models,)
-    return library, Catalog(dirs, library=library, hf_cache=hub_config(settings).cache_dir)
+    starter = find_starter() if settings.starter_model else None
+    cache = hub_config(settings).cache_dir
+    stores = app_stores(settings)
+    return library, Catalog(dirs, library=library, hf_cache=cache, starter=starter, stores=stores)
 
 
 @contextlib.contextmanager

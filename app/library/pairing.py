@@ -28,7 +28,7 @@ from app.core.settings import Settings
 from app.core.speculation import Adapter, adapters_of
 from app.formats.gguf_adapter import AdapterFacts, adapter_refusal, read_adapter
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
-from app.library.drafts import choose_draft
+from app.library.drafts import choose_draft, model_bytes
 from app.library.model import ModelEntry, projector_for
 
 __all__ = [
@@ -198,6 +198,9 @@ class DraftChoices:
     reason: str
     others: tuple[str, ...] = ()
     refused: dict[str, str] = field(default_factory=dict)
+    # how many times smaller than the model each offered draft is (the proposal's and the others'): a
+    # draft's guess costs about 1/ratio of a model step, which is what the picker shows as its effect
+    ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -227,24 +230,35 @@ def draft_choices(entry: ModelEntry, library: Sequence[ModelEntry], *, named: st
         return DraftChoices(None, "speculative decoding runs on the llama.cpp lane, for GGUF models only")
     proposal = choose_draft(entry, library, named=None)
     proposed = proposal.draft.id if proposal.draft else None
-    # a draft the user names need not be smaller, only share the tokenizer (drafts.py says why not); the
+    own = model_bytes(entry)
+    sizes = {
+        e.id: model_bytes(e) for e in library if e.id != entry.id and e.format == "gguf" and e.kind == "chat"
+    }
+    # only smaller drafts are offered: a draft as large as the model (or larger) costs more per guess than
+    # the model's own step, so it can only slow replies down (a 240x larger one took 630 tok/s to 0.5); the
     # proposal is listed by name too when the settings name it
     others = tuple(
         sorted(
-            e.id
-            for e in library
-            if e.id != entry.id
-            and (e.id != proposed or e.id == named)
-            and e.format == "gguf"
-            and e.kind == "chat"
-            and choose_draft(entry, library, named=e.id).draft is not None
+            mid
+            for mid, size in sizes.items()
+            if (mid != proposed or mid == named)
+            and 0 < size < own
+            and choose_draft(entry, library, named=mid).draft is not None
         )
     )
     refused = {}
     if named is not None and named != proposed and named not in others:
-        pairing = choose_draft(entry, library, named=named)
-        refused[named] = pairing.rejected.get(named) or pairing.reason
-    return DraftChoices(proposed, proposal.reason, others, refused)
+        size = sizes.get(named, 0)
+        if own and size >= own:
+            refused[named] = (
+                f"it is {size / own:.1f}x the size of the model: each of its guesses costs more than the "
+                "model's own step, so it would slow every reply; pick a smaller draft"
+            )
+        else:
+            pairing = choose_draft(entry, library, named=named)
+            refused[named] = pairing.rejected.get(named) or pairing.reason
+    ratios = {mid: own / sizes[mid] for mid in (proposed, *others) if mid in sizes and sizes[mid] > 0}
+    return DraftChoices(proposed, proposal.reason, others, refused, ratios)
 
 
 def adapter_choices(

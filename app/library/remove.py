@@ -7,6 +7,9 @@
 - linked import: unregistered; the user's file is deleted only with `delete_files`.
 - a models folder: the user's own file; refused unless `delete_files` (a scan would find it again anyway).
 - an alias (another name for a model, from Ollama's copy or create): only the name.
+- the starter model (inside an installed Python package): refused, saying how to hide it.
+- another app's store or a shared folder (source `app_store`): refused, always; those files are the
+  other app's (or the user's) to remove, and the message says how.
 
 Every path is checked to lie inside the root it belongs to before anything is deleted.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from app.core.errors import RemoveRefusedError
 from app.library.catalog import Catalog
-from app.library.model import ModelEntry
+from app.library.model import ModelEntry, Owner
 from app.library.store import Library
 
 
@@ -67,6 +70,14 @@ def remove_model(
         catalog.scan()
         return Removal(model_id, "alias", "unregistered", kept=[alias["target"]])
     entry = catalog.get(model_id, allow_broken=True)
+    if entry.starter is not None:  # inside an installed Python package: not the library's to delete
+        raise RemoveRefusedError(
+            f"{entry.id!r} is the starter model inside the Python package {entry.starter.package}; to hide "
+            'it set "starter_model": false in settings.json (the server takes it at its next start), or '
+            f"uninstall the package: `.venv/bin/pip uninstall {entry.starter.package}`"
+        )
+    if entry.owner is not None:
+        raise RemoveRefusedError(_owned_elsewhere(entry, entry.owner))
     if entry.source in ("hf_cache", "download"):
         out = Removal(entry.id, entry.source, "deleted", _delete_from_hf_cache(entry, catalog.hf_cache))
     elif entry.source == "import_copy":
@@ -97,6 +108,22 @@ def remove_model(
     library.forget(entry.id)
     catalog.scan()
     return out
+
+
+def _owned_elsewhere(entry: ModelEntry, owner: Owner) -> str:
+    how = {
+        "ollama": f"`ollama rm {owner.name}`",
+        "lmstudio": "LM Studio's My Models page (or `lms rm`)",
+        "jan": "Jan's model settings",
+        "gpt4all": "GPT4All's Models page",
+    }.get(owner.app, f"deleting {entry.path} yourself")
+    hide = (
+        '"app_stores" in settings.json' if owner.app != "folder" else '"shared_model_dirs" in settings.json'
+    )
+    return (
+        f"{entry.id!r} lives in {owner.store}, which Switchyard reads but never changes; remove it with "
+        f"{how} (the next scan drops it), or stop listing that store through {hide}"
+    )
 
 
 def _delete_user_files(entry: ModelEntry, root: Path) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from app.formats.detect import ModelFormat, ModelKind, detect_format
@@ -22,6 +23,7 @@ from app.hub.cache_layout import CANDIDATE_REF
 from app.hub.quant import parse_quant
 from app.library.model import FileInfo, ModelEntry, Origin
 from app.library.pairing import pair_projector
+from app.library.starter import StarterModel
 
 ReadGGUF = Callable[[Path], GGUFFacts | GGUFProblem]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -292,3 +294,11 @@ def import_entry(model_id: str, location: Path, path: Path, *, source: str, read
     if fmt.kind is ModelKind.GGUF:
         return gguf_entry(model_id, fmt.path, read=read, source=source, location=location)
     return other_entry(model_id, fmt, source=source, location=location)
+
+
+def starter_entry(starter: StarterModel, *, read: ReadGGUF) -> ModelEntry:
+    """The starter model's entry: its GGUF inside the installed package, with the package as its origin."""
+    entry = gguf_entry(
+        starter.model_id, starter.path, read=read, source="starter", location=starter.path.parent
+    )
+    return replace(entry, starter=starter)

@@ -43,6 +43,8 @@ class Speed:
     bytes_per_token: int | None
     samples: int
     at: float
+    # only the first answer after a load is behind it (weights still paging in): shown, never calibrates
+    first_only: bool = False
 
     def public(self) -> dict[str, Any]:
         return {
@@ -52,13 +54,14 @@ class Speed:
             "tokens_per_s": self.gen_tps,
             "samples": self.samples,
             "at": self.at,
+            "first_answer_only": self.first_only,
         }
 
 
 @dataclass(frozen=True)
 class LoadKey:
     """Where a model runs now, as the recorder files its answers: the lane, the device of its placement,
-    the plan's bytes per token, and which load this is (its first answer is not counted)."""
+    the plan's bytes per token, and which load this is (its first answer counts only until the next)."""
 
     lane: str
     device: str
@@ -104,18 +107,24 @@ class SpeedStore:
         prompt_tps: float | None,
         gen_tps: float,
         at: float | None = None,
-    ) -> Speed:
+        first: bool = False,
+    ) -> Speed | None:
+        """File one answer. `first`: the first answer after a load, filed only where nothing else was
+        measured (so one chat already shows a figure) and replaced by the next answer (None: not filed)."""
         try:
             with self.library.db.transaction() as tx:
                 row = tx.execute(
                     "SELECT samples, recent FROM speeds WHERE model_id = ? AND lane = ? AND device = ?",
                     (model_id, key.lane, key.device),
                 ).fetchone()
+                if first and row is not None:
+                    return None
+                # a first answer's row is replaced, not added to (_recent drops its entry)
                 recent = _recent(row["recent"]) if row else []
-                recent = [*recent, [prompt_tps, gen_tps]][-RECENT:]
-                speed = _speed_of(
-                    model_id, key, recent, (row["samples"] if row else 0) + 1, at or time.time()
-                )
+                samples = (0 if row is None or _first_only(row["recent"]) else row["samples"]) + 1
+                entry: list[float | str | None] = [prompt_tps, gen_tps, *([_FIRST] if first else [])]
+                recent = [*recent, entry][-RECENT:]
+                speed = _speed_of(model_id, key, recent, samples, at or time.time())
                 tx.execute(
                     "INSERT OR REPLACE INTO speeds(model_id, lane, device, prompt_tps, gen_tps, "
                     "bytes_per_token, samples, recent, at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -170,11 +179,22 @@ class SpeedStore:
     def _row(r: sqlite3.Row) -> Speed:
         return Speed(
             r["model_id"], r["lane"], r["device"], r["prompt_tps"], r["gen_tps"], r["bytes_per_token"],
-            r["samples"], r["at"],
+            r["samples"], r["at"], _first_only(r["recent"]),
         )  # fmt: skip
 
 
-def _recent(text: str) -> list[list[float | None]]:
+_FIRST = "first"  # marks a row's entry that is the first answer after a load (SpeedStore.record(first=))
+
+
+def _first_only(text: str) -> bool:
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(got, list) and len(got) == 1 and isinstance(got[0], list) and got[0][2:] == [_FIRST]
+
+
+def _recent(text: str) -> list[list[float | str | None]]:
     try:
         got = json.loads(text)
     except ValueError:
@@ -187,10 +207,10 @@ def _recent(text: str) -> list[list[float | None]]:
 
 
 def _speed_of(
-    model_id: str, key: LoadKey, recent: list[list[float | None]], samples: int, at: float
+    model_id: str, key: LoadKey, recent: list[list[float | str | None]], samples: int, at: float
 ) -> Speed:
-    prompts = [p for p, _ in recent if p is not None]
-    gens = [g for _, g in recent if g is not None]
+    prompts = [x[0] for x in recent if isinstance(x[0], int | float)]
+    gens = [x[1] for x in recent if isinstance(x[1], int | float)]
     return Speed(
         model_id,
         key.lane,
@@ -200,6 +220,7 @@ def _speed_of(
         key.bytes_per_token,
         samples,
         at,
+        first_only=len(recent) == 1 and recent[0][2:] == [_FIRST],
     )
 
 
@@ -211,7 +232,7 @@ def calibrate(speeds: Iterable[Speed], *, bandwidth: Bandwidths) -> dict[str, Sp
     bws: Mapping[str, float | None] = (
         {CPU: bandwidth} if isinstance(bandwidth, int | float) else (bandwidth or {})
     )
-    rows = [s for s in speeds if s.lane == "llama.cpp" and s.bytes_per_token]
+    rows = [s for s in speeds if s.lane == "llama.cpp" and s.bytes_per_token and not s.first_only]
     out: dict[str, SpeedCalibration] = {}
     for device in sorted({s.device for s in rows}):
         bw = bws.get(device)
@@ -250,13 +271,13 @@ def machine_calibration(library: Library, *, bandwidth: Bandwidths) -> dict[str,
 
 class SpeedRecorder:
     """What the gateway calls once per answer; `where(model_id)` says where the model runs now (None: not
-    on a lane this records, e.g. a remote). The first answer of each load is skipped: its weights are still
-    being paged in."""
+    on a lane this records, e.g. a remote). The first answer of each load is filed only where nothing was
+    measured yet, and replaced by the next: its weights are still being paged in."""
 
     def __init__(self, store: SpeedStore, *, where: Callable[[str], LoadKey | None]) -> None:
         self.store = store
         self.where = where
-        self._seen: dict[str, object] = {}  # model id -> the load whose first answer was skipped
+        self._seen: dict[str, object] = {}  # model id -> the load whose first answer was seen
         # model id -> the last timings filed: a stream's end can be handed over twice, one answer counts once
         self._last: dict[str, tuple[float | None, float, int]] = {}
         self._pending: set[asyncio.Future[Any]] = set()
@@ -272,16 +293,17 @@ class SpeedRecorder:
         if timings is None or key is None or model_id is None or self._last.get(model_id) == timings:
             return
         self._last[model_id] = timings
-        if self._seen.get(model_id) is not key.load:
-            self._seen[model_id] = key.load
-            return
-        fut = asyncio.get_running_loop().run_in_executor(None, self._write, model_id, key, timings)
+        first = self._seen.get(model_id) is not key.load
+        self._seen[model_id] = key.load
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, model_id, key, timings, first)
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
 
-    def _write(self, model_id: str, key: LoadKey, timings: tuple[float | None, float, int]) -> None:
+    def _write(
+        self, model_id: str, key: LoadKey, timings: tuple[float | None, float, int], first: bool
+    ) -> None:
         try:
-            self.store.record(model_id, key=key, prompt_tps=timings[0], gen_tps=timings[1])
+            self.store.record(model_id, key=key, prompt_tps=timings[0], gen_tps=timings[1], first=first)
         except LibraryError as exc:
             log.warning("%s", exc.message)
 

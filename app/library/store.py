@@ -25,7 +25,7 @@ from app.library.db import Database
 from app.library.model import FileInfo, ModelEntry
 
 # sources a scan re-discovers; rows of other sources (imports) stay until `rm`
-SCANNED = ("models_dir", "hf_cache", "download")
+SCANNED = ("models_dir", "hf_cache", "download", "starter", "app_store")
 HeaderKey = tuple[str, int, int]
 ALIAS = "alias:"  # meta key prefix of an alias row
 
@@ -123,7 +123,10 @@ class Library:
             return covered is None or any(Path(location).is_relative_to(r) for r in covered)
 
         gone = [
-            mid for mid, (_, src, loc) in known.items() if mid not in seen and src in SCANNED and ours(loc)
+            mid
+            for mid, (_, src, loc) in known.items()
+            # the starter model's folder is no scanned root: it goes when a scan no longer lists it
+            if mid not in seen and src in SCANNED and (src == "starter" or ours(loc))
         ]
         pins = self._pins_changed()
         if not (changed or gone or headers or pins is not None):

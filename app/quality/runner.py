@@ -7,6 +7,7 @@ reason and the run goes on; a gateway that cannot be reached at all ends the run
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
@@ -90,8 +91,13 @@ async def run_suite(
 ) -> RunOutcome:
     """Run every case of `suite` against `model`, recording into `store` as it goes."""
     limit = threshold if threshold is not None else suite.threshold
+    # SQLite writes in a thread: hundreds of runs at once must not hold the event loop (and /health)
     run_id = (
-        store.start(model=model, suite=suite.name, source=suite.source, threshold=limit) if store else None
+        await asyncio.to_thread(
+            store.start, model=model, suite=suite.name, source=suite.source, threshold=limit
+        )
+        if store
+        else None
     )
     results: list[CaseResult] = []
     try:
@@ -99,12 +105,12 @@ async def run_suite(
             result = await run_case(case, model=model, ask=ask)
             results.append(result)
             if store and run_id is not None:
-                store.add_case(run_id, result)
+                await asyncio.to_thread(store.add_case, run_id, result)
             if on_case:
                 on_case(index, len(suite.cases), result)
     except BaseException as e:
         if store and run_id is not None:
-            store.abandon(run_id, note=f"stopped: {e or type(e).__name__}")
+            await asyncio.to_thread(store.abandon, run_id, note=f"stopped: {e or type(e).__name__}")
         raise
     outcome = RunOutcome(
         run_id=run_id,
@@ -115,7 +121,7 @@ async def run_suite(
         cases=tuple(results),
     )
     if store and run_id is not None:
-        store.finish(run_id, score=outcome.score, passed=outcome.passed)
+        await asyncio.to_thread(store.finish, run_id, score=outcome.score, passed=outcome.passed)
     return outcome
 
 

@@ -6,6 +6,7 @@ A judge scorer asks another model through the same gateway, which is why scoring
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.core.errors import BadRequestError
+from app.quality.patterns import PatternTimeout, SuitePattern, compile_pattern
 
 # ask(model, messages, params) -> the answer's text; the runner supplies it (a chat request to the gateway)
 Ask = Callable[[str, list[dict[str, Any]], Mapping[str, Any]], Awaitable[str]]
@@ -74,13 +76,17 @@ class Contains:
 
 @dataclass(frozen=True)
 class Regex:
-    pattern: re.Pattern[str]
+    pattern: SuitePattern
     kind: str = "regex"
 
     async def score(self, answer: str, *, ask: Ask) -> Verdict:
-        if self.pattern.search(answer):
+        try:  # in a thread, with a time limit: a suite's pattern may backtrack (app/quality/patterns.py)
+            found = await asyncio.to_thread(self.pattern.found, answer)
+        except PatternTimeout as exc:
+            return Verdict(0.0, str(exc))
+        if found:
             return Verdict(1.0, "matches the pattern")
-        return Verdict(0.0, f"does not match /{self.pattern.pattern}/")
+        return Verdict(0.0, f"does not match /{self.pattern.source}/")
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:[.,]\d+)*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -160,6 +166,11 @@ def check_schema(schema: Any, *, where: str = "json_schema") -> None:
     for name in [types] if isinstance(types, str) else types or []:
         if name not in _TYPES:
             raise SuiteError(f"{where}: unknown type {name!r}; use one of {', '.join(_TYPES)}")
+    if "pattern" in schema:
+        try:
+            compile_pattern(str(schema["pattern"]))
+        except ValueError as e:
+            raise SuiteError(f"{where}: the pattern {schema['pattern']!r} does not compile: {e}") from None
     for key, sub in (schema.get("properties") or {}).items():
         check_schema(sub, where=f"{where}.properties.{key}")
     if isinstance(schema.get("items"), dict):
@@ -188,8 +199,12 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> lis
             errors.append(f"{path} is shorter than {schema['minLength']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{path} is longer than {schema['maxLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{path} does not match /{schema['pattern']}/")
+        if "pattern" in schema:
+            try:
+                if not compile_pattern(str(schema["pattern"])).found(value):
+                    errors.append(f"{path} does not match /{schema['pattern']}/")
+            except PatternTimeout as exc:
+                errors.append(f"{path}: {exc}")
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             errors.append(f"{path} has fewer than {schema['minItems']} items")
@@ -219,7 +234,7 @@ class JsonSchema:
             value = json.loads(_strip_fences(answer))
         except ValueError as e:
             return Verdict(0.0, f"not JSON: {e}")
-        errors = schema_errors(value, self.schema)
+        errors = await asyncio.to_thread(schema_errors, value, self.schema)  # its patterns may be slow
         if errors:
             return Verdict(0.0, "; ".join(errors[:5]))
         return Verdict(1.0, "valid JSON matching the schema")
@@ -297,8 +312,8 @@ def scorer_from_spec(spec: Any, *, where: str, question: str = "") -> Scorer:
         return Contains(needles, ignore_case=_bool(spec, "ignore_case", where))
     if kind == "regex":
         try:
-            return Regex(re.compile(str(value), re.IGNORECASE if spec.get("ignore_case") else 0))
-        except re.error as e:
+            return Regex(compile_pattern(str(value), ignore_case=bool(spec.get("ignore_case"))))
+        except ValueError as e:
             raise SuiteError(f"{where}: the regex {value!r} does not compile: {e}") from None
     if kind == "number":
         try:

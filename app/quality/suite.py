@@ -9,6 +9,7 @@ every case gets, such as max_tokens) and `cases`. A JSON-lines file holds one ca
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,6 +20,11 @@ from app.quality.score import Scorer, SuiteError, scorer_from_spec
 
 BUILTIN_PACKAGE = "app.quality.suites"
 MAX_CASES = 10_000
+SUITE_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
+MAX_SUITE_BYTES = 16 << 20
+# YAML aliases repeat a node without copying it: nine nested lists of nine aliases are 9^9 nodes to any
+# reader of the document. A suite of 10,000 cases is far below this many nodes once expanded.
+MAX_EXPANDED_NODES = 200_000
 # request fields a case may not set: the runner owns the model and the (non-)streaming
 RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
 
@@ -56,7 +62,19 @@ def load_suite(ref: str) -> Suite:
     """A suite by file path or built-in name; SuiteError names what is wrong and where."""
     path = Path(ref).expanduser()
     if path.is_file():
-        return _parse(path.read_text(encoding="utf-8"), source=str(path), jsonl=path.suffix == ".jsonl")
+        # only suite files are read, and their text is never quoted back: a path may name any file
+        if path.suffix.lower() not in SUITE_SUFFIXES:
+            raise SuiteError(
+                f"{path} is not a suite file: a suite is a {', '.join(SUITE_SUFFIXES)} file; rename it or "
+                "give a built-in suite name"
+            )
+        if path.stat().st_size > MAX_SUITE_BYTES:
+            raise SuiteError(f"{path} is over {MAX_SUITE_BYTES >> 20} MiB; split the suite")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise SuiteError(f"{path} is not UTF-8 text; save the suite as UTF-8") from None
+        return _parse(text, source=str(path), jsonl=path.suffix.lower() == ".jsonl")
     if ref in builtin_names():
         text = resources.files(BUILTIN_PACKAGE).joinpath(f"{ref}.yaml").read_text(encoding="utf-8")
         return _parse(text, source=f"built-in suite {ref}", jsonl=False, default_name=ref)
@@ -70,16 +88,65 @@ def _parse(text: str, *, source: str, jsonl: bool, default_name: str | None = No
     name = default_name or Path(source).stem
     if jsonl:
         return _from_doc({"name": name, "cases": _jsonl_cases(text, source)}, source=source)
-    try:
-        import yaml  # JSON is YAML, so one reader covers .yaml and .json
-
-        doc = yaml.safe_load(text)
-    except Exception as e:  # yaml.YAMLError and its line/column
-        raise SuiteError(f"{source} is not valid YAML/JSON: {e}; fix the file and run again") from None
+    doc = _yaml_doc(text, source=source)
     if not isinstance(doc, dict):
         raise SuiteError(f"{source} must hold a mapping with `cases` (or be a .jsonl file of cases)")
     doc.setdefault("name", name)
     return _from_doc(doc, source=source)
+
+
+def _yaml_doc(text: str, *, source: str) -> Any:
+    """The document, its aliases bounded (MAX_EXPANDED_NODES) before anything walks it; an error names the
+    line and column and the problem, never the file's text."""
+    import yaml  # JSON is YAML, so one reader covers .yaml and .json
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if (size := _expanded_size(node, {})) > MAX_EXPANDED_NODES:
+            raise SuiteError(
+                f"{source} expands to over {MAX_EXPANDED_NODES} values through its YAML aliases ({size} "
+                "at least); write the cases out, or use fewer aliases"
+            )
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = _unquoted(e.problem or e.context or "a syntax error")
+        raise SuiteError(
+            f"{source} is not valid YAML/JSON{where}: {problem}; fix the file and run again"
+        ) from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise SuiteError(
+            f"{source} is not valid YAML/JSON ({type(e).__name__}); fix the file and run again"
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: Any, seen: dict[int, int]) -> int:
+    """How many nodes `node` is once every alias is expanded (a shared node counted at each use), stopping
+    early past the bound; `seen` memoizes shared nodes so the count itself stays cheap."""
+    if id(node) in seen:
+        return seen[id(node)]
+    total = 1
+    if isinstance(node.value, list):
+        for item in node.value:
+            for child in item if isinstance(item, tuple) else (item,):
+                total += _expanded_size(child, seen)
+                if total > MAX_EXPANDED_NODES:
+                    break
+            if total > MAX_EXPANDED_NODES:
+                break
+    seen[id(node)] = total
+    return total
+
+
+def _unquoted(problem: str) -> str:
+    """A parser's message without the text it quotes from the file."""
+    return re.sub(r"'[^']*'|\"[^\"]*\"", "(...)", problem)
 
 
 def _jsonl_cases(text: str, source: str) -> list[Any]:

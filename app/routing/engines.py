@@ -6,7 +6,7 @@ Lane ids are the keys of `installed` and `pins`; they never change. Everything h
 from __future__ import annotations
 
 LLAMA_CPP = "llama.cpp"
-LLAMA_CPP_COMPAT = "llama.cpp-compat"  # a second llama.cpp build (app/lanes/compat.py)
+LLAMA_CPP_COMPAT = "llama.cpp-compat"  # a second llama.cpp build (app/lanes/engines/llamacpp/compat.py)
 MISTRAL_RS = "mistral.rs"
 MLX = "mlx"
 VLLM = "vllm"
@@ -29,8 +29,6 @@ LANES: tuple[str, ...] = (
 )
 
 CUDA_LANES = frozenset({VLLM, SGLANG})
-# the lanes whose engine speaks llama-server's API (slots, /props, timings, its own tool-call parser)
-LLAMA_ENGINES = frozenset({LLAMA_CPP, LLAMA_CPP_COMPAT})
 
 _TITLES = {
     LLAMA_CPP: "llama.cpp",

@@ -32,7 +32,7 @@ class LaneInstall:
     # model_type values, as the engine spells them); None: unknown, so any is tried.
     supported_architectures: frozenset[str] | None = None
     note: str = ""  # e.g. where it was found, or why it is unusable
-    # Architectures this build was seen to refuse (a probe's answer, app/lanes/arch_probe.py): refused even
+    # Architectures this build was seen to refuse (a probe answer, arch_probe.py): refused even
     # where `supported_architectures` is unknown
     rejected_architectures: frozenset[str] = frozenset()
 

@@ -85,6 +85,15 @@ class ModelTraits:
         )
 
 
+def _pooled(fmt: ModelFormat) -> str | None:
+    """The description of a GGUF that pools its output (an embedding model or a reranker), else None."""
+    facts = fmt.facts.facts if isinstance(fmt.facts, GGUFLayout) else None
+    if fmt.kind is not ModelKind.GGUF or facts is None or not facts.is_embedding:
+        return None
+    about = f" ({facts.architecture})" if facts.architecture else ""
+    return f"a GGUF reranker{about}" if facts.is_reranker else f"a GGUF embedding model{about}"
+
+
 def _architectures(fmt: ModelFormat) -> tuple[str, ...]:
     facts = fmt.facts
     names: list[str | None] = []
@@ -152,8 +161,11 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
     encoder = (
         is_st and isinstance(fmt.facts, SafetensorsModel) and _not_generative(fmt.facts.config.architectures)
     )
+    pooled = _pooled(fmt)
     if fmt.kind is ModelKind.SAFETENSORS:
         candidates = () if encoder else _safetensors_candidates(method)
+    elif pooled is not None:  # mistral.rs runs generative models only: every request would fail 503
+        candidates = (LLAMA_CPP,)
     else:
         candidates = _CANDIDATES.get(fmt.kind, ())
     archs = _architectures(fmt)
@@ -164,7 +176,7 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
         architectures=archs,
         quant_method=method,
         quant_scheme=scheme,
-        description=_describe(fmt, archs[0] if archs else None, quant_title(method, scheme)),
+        description=pooled or _describe(fmt, archs[0] if archs else None, quant_title(method, scheme)),
         companions=tuple(p.name for p in fmt.companions) if fmt.kind is ModelKind.GGUF else (),
     )
 

@@ -22,7 +22,7 @@ from app.core.policy import JudgeSpec, Policy
 from app.safety.formats import Turn, Verdict, VerdictUnreadable, fit_turns, parse, render
 
 if TYPE_CHECKING:
-    from app.server.gateway import Gateway
+    from app.server.gateway.core import Gateway
 
 # the text a judge reads when its engine does not say its context (a remote judge)
 DEFAULT_TEXT_BUDGET = 8192

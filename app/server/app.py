@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -14,58 +13,36 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from app.core import tracing
-from app.core.errors import PortInUseError, SettingsError
+from app.core.errors import SettingsError
 from app.core.paths import Paths
+from app.core.platform import signals
 from app.core.secrets import KeyStore
 from app.core.settings import Settings
 from app.runtime import Runtime
-from app.server import (
-    auth,
-    limits,
-    metrics,
-    middleware,
-    openapi,
-    routes_admin,
-    routes_anthropic,
-    routes_audio,
-    routes_audit,
-    routes_bank,
-    routes_downloads,
-    routes_engines,
-    routes_evals,
-    routes_hub,
-    routes_images,
-    routes_jobs,
-    routes_library,
-    routes_ollama,
-    routes_ollama_manage,
-    routes_openai,
-    routes_realtime,
-    routes_remotes,
-    routes_rerank,
-    routes_responses,
-    routes_settings,
-    tls,
-)
-from app.server.gateway import Gateway
+from app.server import auth, dashboard, limits, listen, metrics, middleware, openapi, tls
+from app.server.admin import audit as routes_audit
+from app.server.admin import bank as routes_bank
+from app.server.admin import downloads as routes_downloads
+from app.server.admin import engines as routes_engines
+from app.server.admin import evals as routes_evals
+from app.server.admin import hub as routes_hub
+from app.server.admin import jobs as routes_jobs
+from app.server.admin import lanes as routes_admin
+from app.server.admin import library as routes_library
+from app.server.admin import mcp as routes_mcp
+from app.server.admin import peers as routes_peers
+from app.server.admin import remotes as routes_remotes
+from app.server.admin import settings as routes_settings
+from app.server.gateway import response_notes
+from app.server.gateway.core import Gateway
 from app.server.keys import GATEWAY, RUNTIME
+from app.server.realtime import routes as routes_realtime
+from app.server.surfaces.registry import SURFACES
 
 log = logging.getLogger("switchyard")
 
 
-def allowed_hosts(settings: Settings) -> set[str]:
-    hosts = set(middleware.LOOPBACK_NAMES)
-    if settings.host not in ("0.0.0.0", "::"):
-        hosts |= auth.host_names(settings.host)
-    if not auth.is_loopback(settings.host):  # reachable from the network: by any of our addresses
-        hosts |= auth.own_addresses()
-    for name in settings.allowed_hosts:
-        hosts |= auth.host_names(name)
-    return hosts
-
-
 def make_app(runtime: Runtime) -> web.Application:
-    origins = auth.cors_origins(runtime.settings)
     stats = metrics.Metrics()
     app = web.Application(
         middlewares=[
@@ -73,7 +50,7 @@ def make_app(runtime: Runtime) -> web.Application:
             middleware.traced,  # one server span per request (docs/tracing.md); nothing while tracing is off
             middleware.access_log,
             middleware.errors,
-            middleware.host_guard(allowed_hosts(runtime.settings), origins=origins),
+            middleware.host_guard(auth.host_rules),  # the guard auth.setup installs, rebuilt by auth.arm
             auth.cors_preflight,
             auth.require_key,
             limits.middleware(runtime.settings),  # innermost: it needs the client the auth middleware names
@@ -84,7 +61,7 @@ def make_app(runtime: Runtime) -> web.Application:
     app[RUNTIME] = runtime
     app[GATEWAY] = Gateway(runtime)
     app[metrics.METRICS] = stats
-    auth.setup(app, runtime.settings, runtime.paths)
+    auth.setup(app, runtime.settings, runtime.paths, surfaces=SURFACES)
 
     async def runtime_ctx(_: web.Application) -> AsyncIterator[None]:
         async with runtime:
@@ -104,42 +81,27 @@ def make_app(runtime: Runtime) -> web.Application:
     routes_hub.setup(app)
     app.add_routes(routes_library.routes)
     app.add_routes(routes_remotes.routes)
+    routes_peers.setup(app)  # paired peers (docs/peers.md): after the Runtime, whose remotes serve them
     app.add_routes(routes_bank.routes)
     app.add_routes(routes_evals.routes)
     app.add_routes(routes_audit.routes)
+    app.add_routes(routes_mcp.routes)  # MCP tool servers (docs/mcp.md)
     routes_jobs.setup(app)  # jobs, update checks, webhooks: started after the Runtime, stopped before it
-    app.add_routes(routes_openai.routes)
-    app.add_routes(routes_audio.routes)
+    for surface in SURFACES:  # the API front doors (app/server/surfaces/registry.py)
+        surface.install(app)
     routes_realtime.setup(app)
-    app.add_routes(routes_images.routes)
-    app.add_routes(routes_rerank.routes)
-    app.add_routes(routes_responses.routes)
-    app.add_routes(routes_anthropic.routes)
-    app.add_routes(routes_ollama.routes)
-    app.add_routes(routes_ollama_manage.routes)
     app.add_routes(metrics.routes)
     app.add_routes(openapi.routes)
+    dashboard.setup(app)  # /, /ui and /docs (docs/dashboard.md)
+    response_notes.install(app)  # headers a request earned on its way (gateway/response_notes.py)
     return app
 
 
-def who_holds(port: int) -> str:
-    """'pid N (name)' of the process listening on `port`, where the OS lets us see it."""
-    try:
-        import psutil
-
-        for c in psutil.net_connections(kind="inet"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
-    except Exception:  # psutil may be denied access; the message stays useful without it
-        pass
-    return "another process"
-
-
 def stop_signals() -> tuple[signal.Signals, ...]:
-    """The signals that end the server cleanly: SIGHUP too (a closed terminal, or a service manager's
-    reload), which would otherwise end the process without stopping its lanes."""
-    names = ("SIGTERM", "SIGINT", "SIGHUP")
-    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+    """The signals that end the server cleanly (core/platform/signals.py): on POSIX SIGHUP too (a closed
+    terminal, or a service manager's reload), which would otherwise end the process without stopping its
+    lanes; on Windows Ctrl-C and Ctrl-Break."""
+    return signals.stop_signals()
 
 
 def server_urls(host: str, port: int, *, scheme: str) -> tuple[str, str]:
@@ -181,9 +143,8 @@ async def serve(
     material = tls.material_for(settings, paths, use_tls=tls.wanted(settings, asked=use_tls))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in stop_signals():  # before the Runtime starts: a signal during start-up still cleans up
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    # before the Runtime starts: a signal during start-up still cleans up
+    signals.on_stop_signals(loop, stop.set)
     runtime = Runtime(settings=settings, paths=paths)
     app = make_app(runtime)
     runner = web.AppRunner(
@@ -197,18 +158,16 @@ async def serve(
     )
     await runner.setup()
     ssl_ctx = tls.server_context(material) if material is not None else None
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=False, ssl_context=ssl_ctx)
     try:
-        await site.start()
-    except OSError as exc:
+        bound = await listen.open_site(
+            runner, host=settings.host, port=settings.port, ssl_context=ssl_ctx, change="start with --port N"
+        )
+    except OSError:
         await runner.cleanup()
-        if exc.errno == errno.EADDRINUSE:
-            raise PortInUseError(
-                f"port {settings.port} on {settings.host} is already in use by {who_holds(settings.port)}; "
-                f"stop it or start with --port N"
-            ) from exc
         raise
-    port = int(runner.addresses[0][1]) if runner.addresses else settings.port
+    port = bound.port
+    if material is not None and ssl_ctx is not None:  # peers pair and call over this TLS site
+        routes_peers.arm(app, cert_pem=material.cert.read_text(), ctx=ssl_ctx, host=settings.host, port=port)
     url, dial = server_urls(settings.host, port, scheme="https" if material else "http")
     record_server(paths, dial=dial, host=settings.host, port=port, material=material)
     try:
@@ -227,16 +186,31 @@ async def serve(
 
 def _log_catalog(runtime: Runtime) -> None:
     entries = runtime.catalog.entries()
-    n_ok = len(runtime.catalog.ids())
-    n_broken = sum(1 for e in entries if e.problem is not None)
+    # an alias (Ollama's pull, copy, create) is another name for a model counted already, not a model
+    models = [e for e in entries if e.source != "alias"]
+    count = {status: sum(1 for e in models if e.status == status) for status in ("ok", "broken", "no_lane")}
+    extra = ", ".join(
+        f"{n} {what}"
+        for n, what in (
+            (sum(1 for e in models if e.status == "adapter"), "LoRA adapter(s)"),
+            (len(entries) - len(models), "alias(es)"),
+        )
+        if n
+    )
     log.info(
-        "models: %d servable, %d broken, %d in formats no lane runs yet, from %s and the HF cache %s",
-        n_ok,
-        n_broken,
-        len(entries) - n_ok - n_broken,
+        "models: %d servable, %d broken, %d in formats no lane runs yet%s, from %s and the HF cache %s",
+        count["ok"],
+        count["broken"],
+        count["no_lane"],
+        f" ({extra})" if extra else "",
         ", ".join(map(str, runtime.catalog.dirs)),
         runtime.catalog.hf_cache,
     )
+    starter = runtime.catalog.starter
+    if starter is not None:
+        log.info(
+            "the starter model %s is ready to chat (from the package %s)", starter.model_id, starter.package
+        )
     for e in entries:
         if e.problem is not None:
             log.warning("broken model %s (%s): %s", e.id, e.path, e.problem)

@@ -2,13 +2,13 @@
 
 The middleware runs innermost (after the auth middleware has named the client): it refuses a body over
 `max_body_mib` (413), a compressed body or one of a media type the route does not read (415, see
-app/server/request_input.py), a client already running `max_concurrent_per_client` requests (429 with
+app/server/gateway/request_input.py), a client already running `max_concurrent_per_client` requests (429 with
 Retry-After), and a body that has not fully arrived within `body_timeout_s` (408). Idle connections and
 request heads that never complete are closed by aiohttp itself after `idle_timeout_s` (see `serve`).
 
-Refusals are in the shape of the route's API surface (app/server/surface.py). The prompt-length check
-is the gateway's (app/server/gateway.py: `Gateway.check`); for MLX lanes, which size their cache as
-requests come, it calls `check_window` (app/server/prompt_window.py): the prompt counted with the
+Refusals are in the shape of the route's API surface (app/server/surfaces/base.py). The prompt-length check
+is the gateway's (app/server/gateway/core.py: `Gateway.check`); for MLX lanes, which size their cache as
+requests come, it calls `check_window` (app/server/gateway/prompt_window.py): the prompt counted with the
 model's own tokenizer.json against the trained window.
 """
 
@@ -28,10 +28,10 @@ from app.core.errors import (
     TooManyRequestsError,
 )
 from app.core.settings import Settings
-from app.server.auth import is_admin_path
-from app.server.request_input import check_body_headers
+from app.server.auth import is_admin
+from app.server.gateway.request_input import check_body_headers
 from app.server.request_keys import CLIENT
-from app.server.surface import surface_of
+from app.server.surfaces.base import encoding_of
 
 log = logging.getLogger("switchyard.limits")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -42,11 +42,19 @@ RETRY_AFTER_S = 1
 HANDLER_ARGS = {"auto_decompress": False}
 
 
+# the media types a browser's cross-site "simple" request may declare (no preflight): the CORS safelist
+_SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
+
+
+def _simple_media(request: web.Request) -> bool:
+    return request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower() in _SIMPLE_TYPES
+
+
 def error_response(
     request: web.Request, exc: SwitchyardError, *, headers: dict[str, str] | None = None
 ) -> web.Response:
     """`exc` in the error shape of the surface the route belongs to (OpenAI, Anthropic or Ollama)."""
-    return surface_of(request).error_response(exc, headers=headers)
+    return encoding_of(request).error_response(exc, headers=headers)
 
 
 def middleware(settings: Settings) -> Middleware:
@@ -65,9 +73,14 @@ def middleware(settings: Settings) -> Middleware:
     async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.content_length is not None and request.content_length > max_body:
             return error_response(request, too_large())  # aiohttp reads the rest away, then closes
-        if request.body_exists:
-            try:  # a coded body, or one the route would not read as JSON: refused before it is read
-                check_body_headers(request, strict=is_admin_path(request.path))
+        # a coded body, or one the route would not read as JSON: refused before it is read. An admin route
+        # that changes state takes JSON only, an empty body declared as one a browser sends without asking
+        # first included (an empty form or text/plain POST would still load, unload or notify)
+        admin = is_admin(request)
+        changes = admin and request.method in ("POST", "PUT", "PATCH", "DELETE")
+        if request.body_exists or (changes and _simple_media(request)):
+            try:
+                check_body_headers(request, strict=admin)
             except SwitchyardError as exc_h:
                 return error_response(request, exc_h)
         client = str(request.get(CLIENT, "-"))

@@ -24,8 +24,8 @@ from aiohttp.typedefs import Middleware
 
 from app import __version__
 from app.core.background import running
-from app.core.events import Event, EventBus
-from app.lanes.bank_slots import BankCounters
+from app.core.events import Event, EventBus, EventKind
+from app.lanes.bank.slots import BankCounters
 from app.lanes.lane import Lane, LaneState
 from app.server.keys import GATEWAY, RUNTIME
 from app.server.request_keys import CLIENT, MODEL
@@ -81,7 +81,9 @@ class Metrics:
         self.draft_unsuited: dict[_Labels, int] = {}  # model, reason
         self.in_flight = 0
         self.download_bytes: dict[_Labels, int] = {}  # repo
-        self.verdicts: dict[_Labels, int] = {}  # stage, judge, verdict, blocked (app/server/safety_gate.py)
+        self.verdicts: dict[
+            _Labels, int
+        ] = {}  # stage, judge, verdict, blocked (app/server/gateway/safety_gate.py)
         self.judge_failures: dict[_Labels, int] = {}  # judge
         self.started = time.time()
 
@@ -309,7 +311,7 @@ def _family(
 
 
 def bank_text(c: BankCounters) -> str:
-    """The session bank's counters (app/lanes/bank_slots.py) since the server started."""
+    """The session bank's counters (app/lanes/bank/slots.py) since the server started."""
     out: list[str] = []
     for name, help_, value in (
         ("saves", "Slots saved into the session bank.", c.saves),
@@ -400,7 +402,7 @@ def _object_at(data: bytes, start: int) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-REQUEST_DONE = "request.done"
+REQUEST_DONE = EventKind.REQUEST_DONE
 # routes a monitor polls or holds open: an event per call would flood the stream it reads
 _QUIET_ROUTES = frozenset({"/metrics", "/api/events", "/health"})
 
@@ -494,6 +496,7 @@ def download_counter(
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+TAG = "Observability"  # the OpenAPI tag of its routes
 routes = web.RouteTableDef()
 
 

@@ -6,7 +6,7 @@ import errno
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -16,7 +16,7 @@ from app.core import tracing
 from app.core.errors import BadRequestError, RequestTooLargeError, SwitchyardError
 from app.server.metrics import Outcome, handled
 from app.server.request_keys import CLIENT, MODEL
-from app.server.surface import surface_of
+from app.server.surfaces.base import encoding_of
 
 log = logging.getLogger("switchyard.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,7 +37,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except SwitchyardError as exc:
-        return surface_of(request).error_response(exc)
+        return encoding_of(request).error_response(exc)
     except web.HTTPNotFound:
         return error_response(
             404,
@@ -54,7 +54,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             code="method_not_allowed",
         )
     except web.HTTPRequestEntityTooLarge:
-        return surface_of(request).error_response(RequestTooLargeError("the request body is too large"))
+        return encoding_of(request).error_response(RequestTooLargeError("the request body is too large"))
     except web.HTTPException:
         raise
     except Exception as exc:
@@ -63,9 +63,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             logging.getLogger("switchyard").info(
                 "refused %s %s: %s", request.method, request.path, fault.message
             )
-            return surface_of(request).error_response(fault)
+            return encoding_of(request).error_response(fault)
         logging.getLogger("switchyard").exception("unhandled error on %s %s", request.method, request.path)
-        return surface_of(request).error_response(
+        return encoding_of(request).error_response(
             SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
         )
 
@@ -150,7 +150,7 @@ def normalize_origin(origin: str) -> str:
     return f"{parts.scheme}://{host}" if port in (None, default) else f"{parts.scheme}://{host}:{port}"
 
 
-def own_origins(request: web.Request, allowed_hosts: set[str]) -> set[str]:
+def own_origins(request: web.Request, allowed_hosts: Collection[str]) -> set[str]:
     """The origins of this server as a browser names them: our scheme, each allowed host name, and the
     port this connection reached. Another port on the same host is another site (another program)."""
     sock = request.transport.get_extra_info("sockname") if request.transport else None
@@ -165,16 +165,26 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if not host.endswith("]") else host
 
 
-def host_guard(allowed_hosts: set[str], *, origins: frozenset[str] = frozenset()) -> Middleware:
+def _bare(allowed_hosts: Collection[str]) -> set[str]:
+    return {h.strip("[]") for h in allowed_hosts}
+
+
+HostRules = Callable[[web.Request], tuple[Collection[str], Collection[str]]]
+
+
+def host_guard(rules: HostRules) -> Middleware:
     """Refuse requests whose Host is not ours (DNS rebinding) or that come from another site's page.
 
-    The same-site rule: an Origin is ours only when scheme://host:port is exactly this server (one of
-    `allowed_hosts`, on the port the connection reached) or is listed in `origins` (normalized, from the
-    cors_origins setting); http://localhost:3000 calling us on :8686 is foreign. A browser's
-    `Sec-Fetch-Site: cross-site|same-site` without such an Origin is refused too (no-cors requests)."""
+    `rules(request)` gives (the allowed Host names, the listed origins) in force now: read per request, so
+    a server that listens again under new settings checks by them. The same-site rule: an Origin is ours
+    only when scheme://host:port is exactly this server (one of the allowed hosts, on the port the
+    connection reached) or is listed (normalized, from the cors_origins setting); http://localhost:3000
+    calling us on :8686 is foreign. A browser's `Sec-Fetch-Site: cross-site|same-site` without such an
+    Origin is refused too (no-cors requests)."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        allowed_hosts, origins = rules(request)
         # read the header itself: aiohttp's request.host falls back to this machine's name without one
         sent = request.headers.get("Host")
         host = (sent or "").strip().lower()
@@ -184,6 +194,16 @@ def host_guard(allowed_hosts: set[str], *, origins: frozenset[str] = frozenset()
                 403,
                 f"Host {shown} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
                 "the name to allowed_hosts in settings.json",
+                type_="permission_error",
+                code="host_not_allowed",
+            )
+        target = request.url  # from an absolute-form target when one is sent, else from Host
+        if (target.host or "").lower().strip("[]") not in _bare(allowed_hosts):
+            # an absolute-form target names the host the request is for (RFC 9112 3.2.2), over Host
+            return error_response(
+                403,
+                f"the request target names the host {str(target.host)[:200]!r}, which is not this server "
+                "(DNS rebinding protection); send the path only, with a Host this server answers to",
                 type_="permission_error",
                 code="host_not_allowed",
             )

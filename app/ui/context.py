@@ -2,7 +2,8 @@
 
 `Desktop` builds the window and the tray and so imports them; they in turn need the Desktop's parts. Typing
 them against this Protocol instead of `Desktop` keeps the imports one-way (desktop -> window -> pages ->
-context), which tests/test_import_cycles.py checks. Members are read-only: nothing but Desktop assigns them.
+context), which tests/structure/test_import_cycles.py checks. Members are read-only: nothing but Desktop
+assigns them.
 """
 
 from __future__ import annotations

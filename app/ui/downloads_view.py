@@ -26,6 +26,7 @@ from app.ui import fmt
 from app.ui.context import Desk
 from app.ui.jobs_view import JobsPanel
 from app.ui.pages import table
+from app.ui.theme import ToneLabel
 from app.ui.wording import for_window
 
 STATE_OF = {
@@ -66,9 +67,11 @@ class DownloadsPanel(QWidget):
         self.table.setMaximumHeight(170)
         lay.addWidget(self.table, 1)
         # a failure's words go here, wrapped, so the State column stays narrow and the buttons in view
-        self.problem = QLabel("")
+        self.problem = ToneLabel("", "error")
         self.problem.setWordWrap(True)
-        self.problem.setStyleSheet("color: #c62828")
+        keep = self.problem.sizePolicy()  # its line stays while empty: a failure does not push the page
+        keep.setRetainSizeWhenHidden(True)
+        self.problem.setSizePolicy(keep)
         self.problem.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.problem)
         self.rows: dict[str, int] = {}
@@ -116,9 +119,14 @@ class DownloadsPanel(QWidget):
                 self._drop(old)
 
     def _add_row(self, jid: str) -> None:
-        row = self.table.rowCount()
+        # a new download goes on top: at 1024x640 the panel shows three rows, and finished ones above it
+        # pushed the active one out of view
+        row = 0
         self.table.insertRow(row)
+        for other, r in self.rows.items():
+            self.rows[other] = r + 1
         self.rows[jid] = row
+        self.table.scrollToTop()
         bar = QProgressBar()
         bar.setRange(0, 1000)
         bar.setMinimumWidth(160)
@@ -164,11 +172,14 @@ class DownloadsPanel(QWidget):
             item = QTableWidgetItem(c)
             item.setToolTip(f"{state}: {error}" if j == 4 and error else c)
             self.table.setItem(row, j, item)
-        pause.setText("Pause" if active else "Resume")
+        # Resume only where there is something to resume: a finished download's button is a greyed Pause
+        pause.setText("Resume" if state in ("paused", "failed") else "Pause")
         pause.setEnabled(state in ("queued", "running", "paused", "failed") and self._live(jid))
         cancel.setEnabled(state not in FINISHED and self._live(jid))
         pause.setToolTip(f"{pause.text()} {self.label(job)}")
         cancel.setToolTip(f"Cancel {self.label(job)} and delete what was fetched")
+        pause.setAccessibleName(f"{pause.text()} {self.label(job)}")
+        cancel.setAccessibleName(f"Cancel {self.label(job)}")
         self._problem()
 
     def _live(self, jid: str) -> bool:

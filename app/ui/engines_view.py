@@ -8,8 +8,10 @@ from typing import Any
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
 
 from app.core.errors import EngineInstallError
-from app.lanes import engine_install
-from app.lanes.engine_list import engine_rows
+from app.lanes.engines.cuda import CudaKind, cuda_refusal
+from app.lanes.engines.registry import engine_kinds
+from app.lanes.install import engine as engine_install
+from app.lanes.install.listing import engine_rows
 from app.ui.context import Desk
 from app.ui.pages import table
 from app.ui.wording import for_window
@@ -88,10 +90,11 @@ class EnginesPanel(QWidget):
                 _WHERE.get(r["where"] or "", "-"),
                 pinned,
                 r["previous"] or "-",
-                for_window(r["problem"] or ("ok" if r["can_start"] else r["health"])),
+                brief(for_window(r["problem"] or ("ok" if r["can_start"] else r["health"]))),
                 r.get("build") or "-",
             ]
-            tips = {2: str(r["path"] or cells[2]), 6: str(r.get("build_why") or cells[6])}
+            health = for_window(r["problem"] or ("ok" if r["can_start"] else r["health"]))
+            tips = {2: str(r["path"] or cells[2]), 5: health, 6: str(r.get("build_why") or cells[6])}
             for j, c in enumerate(cells):
                 item = QTableWidgetItem(c)
                 item.setToolTip(tips.get(j, c))
@@ -109,10 +112,24 @@ class EnginesPanel(QWidget):
         name = self.selected()
         return next((r for r in self.rows if r["engine"] == name), None)
 
+    def machine_refusal(self, engine: str) -> str | None:
+        """Why this machine cannot run `engine` whatever is installed (vLLM or SGLang without a CUDA GPU),
+        or None: installing it would only fetch gigabytes that cannot start."""
+        kind = engine_kinds().get(engine)
+        return cuda_refusal(self.desk.runtime.hardware) if isinstance(kind, CudaKind) else None
+
     def _buttons(self) -> None:
         r = self._row()
         installable = bool(r and r["installable"])
-        self.install_btn.setEnabled(installable and r is not None and r["where"] != "managed")
+        refusal = self.machine_refusal(r["engine"]) if r is not None else None
+        self.install_btn.setEnabled(
+            installable and r is not None and r["where"] != "managed" and refusal is None
+        )
+        self.install_btn.setToolTip(
+            f"{r['title']} cannot run here: {refusal}"
+            if r is not None and refusal
+            else "Install the pinned version into the engine's own environment"
+        )
         self.update_btn.setEnabled(installable and r is not None and r["where"] == "managed")
         self.rollback_btn.setEnabled(installable and r is not None and bool(r["previous"]))
 
@@ -142,3 +159,11 @@ class EnginesPanel(QWidget):
             engine_install.rollback(r["engine"], store=rt.engines.store, bus=rt.bus)
 
         self.desk.spawn(run(), disable=[self.rollback_btn], report=self.report)
+
+
+def brief(text: str, *, limit: int = 70) -> str:
+    """A health cell's first clause (its whole text, with any commands, is the tooltip): a cell of pip
+    and docker command lines made each row a paragraph and pushed the running lanes out of view."""
+    cuts = [i for stop in (". ", "; ", ": ", " (") if (i := text.find(stop, 12)) >= 0]
+    first = text[: min(cuts)] if cuts else text
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"

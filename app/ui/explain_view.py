@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QDialog,
@@ -19,7 +19,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.ui import fmt
 from app.ui.fmt import size
+from app.ui.theme import is_dark, palette_event, tone
+from app.ui.wording import for_window
 
 SEGMENTS = (
     ("used", "in use by others", QColor("#9e9e9e")),
@@ -171,7 +174,7 @@ class ExplainView(QWidget):
             parts = device_parts(d, used)
             bar = MemoryBar(parts, cap)
             if bar.over:
-                fill = f", <span style='color:{OVER.name()}'><b>{size(bar.over)} over the limit</b></span>"
+                fill = f", <span style='color:{tone('error')}'><b>{size(bar.over)} over the limit</b></span>"
             else:
                 fill = f", {size(cap - bar.total)} free"
             lay.addWidget(_html(f"<b>{dev}</b>: {size(bar.total)} of {size(cap)}{fill}"))
@@ -197,8 +200,8 @@ class ExplainView(QWidget):
             for p in plan["placements"]:
                 rows.append(f"<li><b>{p['name']}</b> ({p['gpu_layers']} GPU layers): {_placement(p)}</li>")
             lay.addWidget(_html("<b>Placements</b><ul>" + "".join(rows) + "</ul>"))
-        for a in plan.get("advice") or []:
-            lay.addWidget(_html(f"To make it fit: {a}"))
+        for a in plan.get("advice") or []:  # the planner's words, with the window's controls and numbers
+            lay.addWidget(_html(f"To make it fit: {for_window(a)}"))
         if doc.get("alternatives"):  # other files of the same repository that do fit (Discover)
             alt = ", ".join(doc["alternatives"])
             lay.addWidget(_html(f"<b>Fits here instead:</b> {alt} (a smaller quantization)"))
@@ -243,14 +246,23 @@ def _speed(chosen: dict[str, Any], measured: Any, fits: bool) -> str:
         predicted = f"~{tps:.0f} tok/s" + (
             " (calibrated on this machine)" if chosen.get("calibrated") else ""
         )
+    elif band and float(band[1]) < 0.01:  # not "0-0 tok/s": a figure that rounds away says nothing
+        predicted = "under 0.01 tok/s (too slow to use)"
     elif band:
-        predicted = f"{band[0]:g}-{band[1]:g} tok/s (a range until a model measured here calibrates it)"
+        low, high = fmt.tps(float(band[0])), fmt.tps(float(band[1]))
+        predicted = f"{low}-{high} tok/s (a range until a model measured here calibrates it)"
     else:
-        predicted = str(chosen.get("speed_note") or "not estimated")
-    if not fits:
-        return f"<b>Speed</b>: predicted {predicted}"
-    seen = f"{float(measured):.1f} tok/s" if isinstance(measured, int | float) else "not measured yet"
-    return f"<b>Speed</b>: predicted {predicted}; measured {seen}"
+        predicted = None  # nothing to predict from: said once, not as "predicted not estimated"
+    said = (
+        f"predicted {predicted}"
+        if predicted
+        else "no prediction (" + str(chosen.get("speed_note") or "nothing to estimate it from") + ")"
+    )
+    if not fits:  # a plan that cannot run has no speed: a figure for it ("0-0.4 tok/s") reads as one
+        return "<b>Speed</b>: none as asked: it does not fit here (make it fit first, below)"
+    if isinstance(measured, int | float):
+        return f"<b>Speed</b>: {said}; measured {fmt.tps(float(measured))} tok/s"
+    return f"<b>Speed</b>: {said}; not measured yet on this machine"
 
 
 def _measured(doc: dict[str, Any]) -> str | None:
@@ -293,7 +305,17 @@ class ExplainDialog(QDialog):
         self.resize(640, 560)
         area = QScrollArea()
         area.setWidgetResizable(True)
+        self.doc = doc
         self.view = ExplainView(doc)
         area.setWidget(self.view)
+        self.area = area
+        self._dark = is_dark()
         lay = QVBoxLayout(self)
         lay.addWidget(area)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if palette_event(event) and self._dark != is_dark():  # its coloured words, in the new theme
+            self._dark = is_dark()
+            self.view = ExplainView(self.doc)
+            self.area.setWidget(self.view)  # the area deletes the old view

@@ -6,10 +6,15 @@ import time
 from typing import Any
 
 from app.advice.hub_fit import VERDICT_WORDS
-from app.core.units import fmt_bytes
+from app.core.units import MIB, fmt_bytes
 
 
 def size(n: int | None) -> str:
+    """Bytes for people: a 4.5 KiB file is "4.5 KiB", not "0.0 MiB"; a MiB and up as fmt_bytes says it."""
+    if n is not None and abs(n) < 1024:
+        return f"{n} B"
+    if n is not None and abs(n) < MIB:
+        return f"{n / 1024:.1f} KiB"
     return fmt_bytes(n)
 
 
@@ -54,17 +59,22 @@ def verdict(v: dict[str, Any] | None) -> str:
     if v.get("verdict") == "cpu" and v.get("tokens_per_s"):
         parts.append(f"~{tps(float(v['tokens_per_s']))} tok/s")
     elif v.get("verdict") == "cpu" and band:  # nothing measured here yet: the honest answer is a range
-        parts.append(f"{tps(float(band[0]))}-{tps(float(band[1]))} tok/s")
+        low, high = float(band[0]), float(band[1])
+        parts.append(f"{tps(low)}-{tps(high)} tok/s" if high >= 0.01 else "under 0.01 tok/s")
     if v.get("measured_tokens_per_s"):
         parts.append(f"measured {tps(float(v['measured_tokens_per_s']))}")
     return f"{word} ({'; '.join(parts)})" if parts else word
 
 
 def tps(n: float) -> str:
-    """A speed in tokens/s, short: 12, 3.4, 15k."""
+    """A speed in tokens/s, short: 12, 3.4, 0.04, 15k (two figures below 1: never "0.0")."""
     if n >= 10_000:
         return f"{n / 1000:.0f}k"
-    return f"{n:.0f}" if n >= 10 else f"{n:.1f}"
+    if n >= 10:
+        return f"{n:.0f}"
+    if n >= 1:
+        return f"{n:.1f}"
+    return f"{n:.2g}" if n >= 0.01 else "under 0.01" if n > 0 else "0"
 
 
 def parallel_of(v: dict[str, Any] | None) -> int:

@@ -10,20 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
+    QStackedWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from app.core.jobs import JobRegistry
-from app.server.routes_jobs import registry
+from app.server.admin.jobs import registry
+from app.ui import fmt
 from app.ui.context import Desk
 from app.ui.pages import table
+from app.ui.theme import ToneLabel
 
 ENDED = ("job.completed", "job.failed", "job.cancelled")
 KIND_NAMES = {"download": "pull", "update": "update", "eval": "eval", "engine_install": "engine install"}
@@ -41,11 +45,16 @@ class JobsPanel(QWidget):
         head.addWidget(self.title, 1)
         lay.addLayout(head)
         self.table = table(["Job", "Kind", "Step", "Progress", ""], stretch=0)
-        self.table.setMaximumHeight(170)
-        lay.addWidget(self.table, 1)
-        self.empty = QLabel("No jobs running")
-        self.empty.setStyleSheet("color: gray")
-        lay.addWidget(self.empty)
+        self.empty = ToneLabel("No jobs running", "muted")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        # the table and "No jobs running" take turns in one place of one height (a header and two rows,
+        # the rest scrolls): the page above no longer jumps each time a job starts or ends
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.table)
+        self.stack.addWidget(self.empty)
+        rows = 2 * self.table.verticalHeader().defaultSectionSize()
+        self.stack.setFixedHeight(self.table.horizontalHeader().sizeHint().height() + rows + 4)
+        lay.addWidget(self.stack)
         self.rows: dict[str, int] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
         self.widgets: dict[str, tuple[QProgressBar, QPushButton]] = {}
@@ -109,10 +118,14 @@ class JobsPanel(QWidget):
         state = str(job.get("state") or "queued")
         if step is None:
             step_text = state
+        elif step.get("total") and step["name"] == "download":  # bytes: in the units the downloads show
+            step_text = f"download {fmt.size(step.get('done') or 0)} of {fmt.size(step['total'])}"
         elif step.get("total"):
             step_text = f"{step['name']} {step.get('done', 0)}/{step['total']}"
         else:
             step_text = str(step["name"])
+        if step is not None and state != "running":  # paused or queued again: said, as the downloads say it
+            step_text = f"{state}: {step_text}"
         kind = str(job.get("kind") or "")
         for col, text in ((0, str(job.get("title") or jid)), (1, KIND_NAMES.get(kind, kind)), (2, step_text)):
             item = QTableWidgetItem(text)
@@ -123,12 +136,17 @@ class JobsPanel(QWidget):
         if isinstance(progress, int | float):
             bar.setRange(0, 1000)
             bar.setValue(int(1000 * progress))
-            bar.setFormat(f"{progress:.0%}")
+            bar.setFormat(f"{progress:.0%}" + (f" ({state})" if state != "running" else ""))
+        elif state != "running":  # waiting, nothing moves: an empty bar, not a busy one
+            bar.setRange(0, 1000)
+            bar.setValue(0)
+            bar.setFormat(state)
         else:  # no total known (yet): a busy bar
             bar.setRange(0, 0)
         jobs = self.registry()
         can = jobs is not None and jobs.cancellable(jid)
         cancel.setEnabled(can)
+        cancel.setAccessibleName(f"Cancel {job.get('title') or jid}")
         cancel.setToolTip(
             f"Cancel {job.get('title') or jid}"
             if can
@@ -136,8 +154,7 @@ class JobsPanel(QWidget):
         )
 
     def _empty(self) -> None:
-        self.empty.setVisible(not self.rows)
-        self.table.setVisible(bool(self.rows))  # an empty table would take the model page's room
+        self.stack.setCurrentWidget(self.table if self.rows else self.empty)
         self.title.setText(f"<b>Jobs</b> ({len(self.rows)} running)" if self.rows else "<b>Jobs</b>")
 
     # ---- actions ----------------------------------------------------------------------------------

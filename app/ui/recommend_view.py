@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
@@ -19,13 +19,16 @@ from app.advice.recommend import predicted_words
 from app.ui import fmt
 from app.ui.pages import table
 
+if TYPE_CHECKING:
+    from app.ui.context import Desk
+
 TASK_WORDS = {"chat": "Chat", "coding": "Coding", "embeddings": "Embeddings", "speech": "Speech"}
 
 
 class RecommendView(QWidget):
     """The ranked list; `download` is the page's own (the same submit the quantization table uses)."""
 
-    def __init__(self, desk: Any, *, report: Callable[[str], None], back: Callable[[], None]) -> None:
+    def __init__(self, desk: Desk, *, report: Callable[[str], None], back: Callable[[], None]) -> None:
         super().__init__()
         self.desk = desk
         self.report = report
@@ -49,6 +52,17 @@ class RecommendView(QWidget):
         self.note = QLabel("")
         self.note.setWordWrap(True)
         lay.addWidget(self.note)
+        # the starter model (app/library/starter.py) answers before any download: offered first
+        starter_row = QHBoxLayout()
+        self.starter_note = QLabel("")
+        self.starter_note.setWordWrap(True)
+        self.starter_chat = QPushButton("Chat with it now")
+        self.starter_chat.clicked.connect(self.chat_with_starter)
+        starter_row.addWidget(self.starter_note, 1)
+        starter_row.addWidget(self.starter_chat)
+        lay.addLayout(starter_row)
+        self.starter_id: str | None = None
+        self._offer_starter()
         self.table = table(
             ["Task", "Model", "Size", "Fit here", "Speed (predicted)", ""], stretch=1, wrap=True
         )
@@ -59,8 +73,30 @@ class RecommendView(QWidget):
             "range from the memory bandwidth until a model has been measured"
         )
         lay.addWidget(self.table, 1)
+        desk.bridge.received.connect(self._on_event)
+
+    def _offer_starter(self) -> None:
+        """Show the starter model's line when the library lists it (hidden when it is turned off)."""
+        starter = next((e for e in self.desk.runtime.catalog.entries() if e.starter is not None), None)
+        self.starter_id = starter.id if starter is not None else None
+        if starter is not None and starter.starter is not None:
+            st = starter.starter
+            terms = f"{st.license} license" if st.license else "license unknown"
+            self.starter_note.setText(
+                f"Ready now, no download: <b>{starter.id}</b> ({fmt.size(starter.size)}, {terms}), a small "
+                "starter model that came with Switchyard. Quick, but not clever."
+            )
+            self.starter_chat.setToolTip(f"Open a chat with {starter.id} (from the package {st.package})")
+        for w in (self.starter_note, self.starter_chat):
+            w.setVisible(starter is not None)
+
+    def chat_with_starter(self) -> None:
+        if self.starter_id is not None:
+            page = self.desk.window.show_page("Chat")
+            page.new_conversation(model=self.starter_id)  # type: ignore[attr-defined]
 
     def refresh(self) -> asyncio.Task[Any]:
+        self._offer_starter()
         return self.desk.spawn(self._load(), disable=[self.refresh_btn], report=self.report)
 
     async def _load(self) -> None:
@@ -120,7 +156,27 @@ class RecommendView(QWidget):
             dl.setText("Download anyway")
             dl.setToolTip(f"It does not fit this machine: {r['summary']}.{self._smaller(r['task'])}")
         dl.clicked.connect(lambda _=False, row=i, b=dl: self.download(row, b))
+        if self.in_library(r):  # downloaded already: pressing it again would fetch it again
+            dl.setText("In Library")
+            dl.setEnabled(False)
+            dl.setToolTip("Already downloaded: open it on the Library page")
+        dl.setAccessibleName(f"{dl.text()} {name}")
         self.table.setCellWidget(i, 5, dl)
+
+    def in_library(self, r: dict[str, Any]) -> bool:
+        """Whether the entry's quantization (or every listed file) is in the library already."""
+        repo = str(r["pull"][0]).split(":", 1)[0]
+        mine = [
+            e for e in self.desk.runtime.catalog.entries() if e.origin is not None and e.origin.repo == repo
+        ]
+        if r["quant"]:
+            return any((e.quant or "").upper() == str(r["quant"]).upper() for e in mine)
+        names = {f.name for e in mine for f in (e.path, *e.parts)}
+        return bool(r["files"]) and all(str(f).rsplit("/", 1)[-1] in names for f in r["files"])
+
+    def _on_event(self, kind: str, _data: Any) -> None:
+        if kind in ("download.completed", "library.refreshed") and self.doc is not None:
+            self.show_doc(self.doc)  # a row just downloaded says In Library
 
     def _fitting(self, task: str) -> dict[str, Any] | None:
         """The task's best entry that fits here (the list is ranked: the first that fits)."""

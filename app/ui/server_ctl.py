@@ -2,21 +2,22 @@
 
 The runner is set up once (that enters the Runtime: lanes, downloads, monitor) and lives until Quit;
 Start/Stop only open and close the listening socket, so stopping the server never stops a lane or a
-download and the window keeps working.
+download and the window keeps working. Each Start reads the settings of that moment: the address, TLS,
+and the request guards (keys, Host names, CORS origins), rebuilt by `auth.arm`.
 """
 
 from __future__ import annotations
 
-import errno
-
 from aiohttp import web
 
 from app.core.errors import PortInUseError, SettingsError
+from app.core.events import EventKind
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
 from app.runtime import Runtime
 from app.server import auth, tls
-from app.server.app import forget_server, make_app, record_server, server_urls, who_holds
+from app.server.app import forget_server, make_app, record_server, server_urls
+from app.server.listen import open_site
 
 
 class ServerControl:
@@ -33,6 +34,7 @@ class ServerControl:
         )
         self._site: web.TCPSite | None = None
         self.url: str | None = None
+        self.host: str | None = None  # the address the socket is bound to while running
         self.error: str | None = None
         self.port: int | None = None  # chosen on the Server page; None: the settings' port
         self.tls: tls.TlsMaterial | None = None  # the certificate served while running with TLS
@@ -61,26 +63,28 @@ class ServerControl:
             self._publish()
             raise SettingsError(self.error)
         material = self._tls()
+        auth.arm(self.app, s)  # the guards follow the settings as they are now, not as at the first start
         want = s.port if self.port is None else self.port
         ctx = tls.server_context(material) if material is not None else None
-        site = web.TCPSite(self.runner, s.host, want, reuse_address=False, ssl_context=ctx)
         try:
-            await site.start()
+            bound = await open_site(
+                self.runner,
+                host=s.host,
+                port=want,
+                ssl_context=ctx,
+                change="change the port on the Server page",
+            )
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                self.error = (
-                    f"port {want} on {s.host} is already in use by {who_holds(want)}; stop it, or "
-                    "change the port on the Server page"
-                )
-            else:
-                self.error = f"could not listen on {s.host}:{want}: {exc.strerror or exc}"
+            self.error = (
+                exc.message
+                if isinstance(exc, PortInUseError)
+                else (f"could not listen on {s.host}:{want}: {exc.strerror or exc}")
+            )
             self._publish()
             raise PortInUseError(self.error) from exc
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        port = int(sockets[0].getsockname()[1]) if sockets else want
+        site, port = bound.site, bound.port
         _, dial = server_urls(s.host, port, scheme="https" if material else "http")
-        self._site, self.url, self.error, self.tls = site, dial, None, material
+        self._site, self.url, self.error, self.tls, self.host = site, dial, None, material, s.host
         record_server(self.paths, dial=dial, host=s.host, port=port, material=material)
         self._publish()
         return self.url
@@ -105,7 +109,7 @@ class ServerControl:
             return
         await site.stop()
         forget_server(self.paths)
-        self.url, self.tls = None, None
+        self.url, self.tls, self.host = None, None, None
         self._publish()
 
     async def close(self) -> None:
@@ -116,5 +120,5 @@ class ServerControl:
     def _publish(self) -> None:
         fp = self.tls.fingerprint if self.tls is not None else None
         self.runtime.bus.publish(
-            "server.state", running=self.running, url=self.url, error=self.error, fingerprint=fp
+            EventKind.SERVER_STATE, running=self.running, url=self.url, error=self.error, fingerprint=fp
         )

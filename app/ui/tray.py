@@ -57,9 +57,7 @@ class Tray(QSystemTrayIcon):
         else:
             m.addAction("Start server", lambda: self.desk.spawn(srv.start(), report=self._report))
         m.addSeparator()
-        loaded = [
-            ln for ln in self.desk.runtime.supervisor.lanes.values() if str(ln.state) in ("ready", "starting")
-        ]
+        loaded = self.desk.runtime.live_lanes()
         if loaded:
             for lane in loaded:
                 sub = QMenu(f"{lane.model_id} ({lane.state})", m)
@@ -75,7 +73,7 @@ class Tray(QSystemTrayIcon):
         m.addAction(quit_action)
 
     def unload(self, model_id: str) -> None:
-        self.desk.spawn(self.desk.runtime.supervisor.unload(model_id))
+        self.desk.spawn(self.desk.runtime.unload(model_id))
 
     def copy_address(self) -> None:
         if self.desk.server.url:

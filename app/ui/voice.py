@@ -29,6 +29,7 @@ from app.ui.window_access import Access, window_access
 
 RATE = 24000  # what the Realtime API takes
 CHUNK_S = 0.1
+READ_TIP = "Read the last reply aloud; each reply also has its own Read aloud link"
 SHORTCUT = Qt.Key.Key_F9  # held down in the chat window: talk
 
 
@@ -49,6 +50,21 @@ class AudioSink(Protocol):
 def _sd() -> Any:
     # PortAudio's binding, looked up when used: without it (or libportaudio2) the controls say so
     return importlib.import_module("sounddevice")
+
+
+def audio_missing() -> str | None:
+    """Why this installation has no audio at all (the sounddevice package or PortAudio is missing), or
+    None; no device is opened, so it is cheap enough to ask whenever the chat page shows."""
+    try:
+        _sd()
+    except ImportError:
+        return (
+            "Voice needs the sounddevice package, which this installation lacks; install Switchyard with "
+            "its desktop extras (the gui extra) to talk and listen"
+        )
+    except OSError as exc:  # sounddevice without the PortAudio library (Debian: libportaudio2)
+        return f"Voice needs the PortAudio library (libportaudio2 on Debian and Ubuntu): {exc}"
+    return None
 
 
 def microphone_problem() -> str | None:
@@ -275,8 +291,8 @@ class VoiceBar(QWidget):
     def __init__(self, page: Any) -> None:
         super().__init__(page)
         self.page, self.desk = page, page.desk
-        self.source_factory: Callable[[], AudioSource] = MicSource
-        self.sink: AudioSink = SpeakerSink()
+        self._source_factory: Callable[[], AudioSource] = MicSource
+        self._sink: AudioSink = SpeakerSink()
         self.released = asyncio.Event()
         self.talk_task: asyncio.Task[Any] | None = None
         self.read_task: asyncio.Task[Any] | None = None
@@ -286,7 +302,7 @@ class VoiceBar(QWidget):
         self.talk_btn.pressed.connect(self.press)
         self.talk_btn.released.connect(self.release)
         self.read_btn = QPushButton("Read aloud")
-        self.read_btn.setToolTip("Read the last reply aloud; each reply also has its own Read aloud link")
+        self.read_btn.setToolTip(READ_TIP)
         self.read_btn.clicked.connect(lambda: self.read_aloud())
         self.stop_read_btn = QPushButton("Stop reading")
         self.stop_read_btn.clicked.connect(self.stop_reading)
@@ -307,6 +323,46 @@ class VoiceBar(QWidget):
         page.installEventFilter(self)
 
     # ---- what is there ---------------------------------------------------------------------------
+    # the audio in and out: another source or sink (a recording, a test's) turns its button on at once
+    @property
+    def source_factory(self) -> Callable[[], AudioSource]:
+        return self._source_factory
+
+    @source_factory.setter
+    def source_factory(self, factory: Callable[[], AudioSource]) -> None:
+        self._source_factory = factory
+        self.refresh_devices()
+
+    @property
+    def sink(self) -> AudioSink:
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: AudioSink) -> None:
+        self._sink = sink
+        self.refresh_devices()
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        self.refresh_devices()
+
+    def refresh_devices(self) -> None:
+        """The buttons are off, saying why, where this installation has no audio: a press would only say
+        so afterwards. Audio given by the caller (source_factory, sink) needs no package."""
+        missing = audio_missing()
+        for button, ours, tip in (
+            (
+                self.talk_btn,
+                self.source_factory is MicSource,
+                "Hold to talk (or hold F9): speak, release to send",
+            ),
+            (self.read_btn, isinstance(self.sink, SpeakerSink), READ_TIP),
+        ):
+            off = missing if ours else None
+            button.setEnabled(off is None)
+            button.setToolTip(off or tip)
+        self._say_missing(missing if missing and self.source_factory is MicSource else None)
+
     def _model_of(self, kind: str) -> str | None:
         return next((e.id for e in self.desk.runtime.catalog.entries() if e.kind == kind), None)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QByteArray, QSize, Qt
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -21,24 +22,21 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui.icons import app_icon
-from app.ui.pages.chat import ChatPage
-from app.ui.pages.discover import DiscoverPage
-from app.ui.pages.hardware import HardwarePage
-from app.ui.pages.lanes import LanesPage
-from app.ui.pages.library import LibraryPage
-from app.ui.pages.server import ServerPage
-from app.ui.pages.settings import SettingsPage
+from app.ui.pages.registry import PAGES as PAGE_CLASSES
+from app.ui.pages.registry import TITLES
 
 if TYPE_CHECKING:
     from app.ui.context import Desk
 
-PAGES = ("Discover", "Library", "Chat", "Server", "Lanes", "Hardware", "Settings")
+RESCAN_EVERY_S = 2.0
+PAGES = TITLES  # the sidebar's names, from the page registry (app/ui/pages/registry.py)
 # listed in the About box (and docs/desktop.md); the keys themselves are bound in MainWindow.__init__
 SHORTCUTS = (
-    ("Ctrl+1 … Ctrl+7", "the pages, in sidebar order"),
+    (f"Ctrl+1 … Ctrl+{len(TITLES)}", "the pages, in sidebar order"),
     ("Ctrl+F", "the search box of this page"),
     ("Ctrl+N", "a new conversation"),
     ("Ctrl+Enter", "send the message (Chat)"),
+    ("F9 (held)", "talk: record while held, then send what was heard (Chat)"),
     ("Tab, Shift+Tab", "the next or previous control, buttons in tables included"),
     ("Arrow keys", "move inside a list or table; Space presses the focused button"),
     ("Ctrl+W", "close the window to the tray"),
@@ -59,8 +57,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setIconSize(QSize(0, 0))
         self.stack = QStackedWidget()
         self.pages: dict[str, QWidget] = {}
-        makers = (DiscoverPage, LibraryPage, ChatPage, ServerPage, LanesPage, HardwarePage, SettingsPage)
-        for name, make in zip(PAGES, makers, strict=True):
+        for name, make in zip(PAGES, PAGE_CLASSES, strict=True):
             page = make(desk)
             self.pages[name] = page
             self.stack.addWidget(page)
@@ -96,6 +93,7 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+N"), self, self._new_chat)
         QShortcut(QKeySequence("F1"), self, self.show_about)
         self._about: QMessageBox | None = None
+        self._rescanned = 0.0  # when the models folders were last read for the window coming back
 
     # ---- about ------------------------------------------------------------------------------------
     def about_text(self) -> str:
@@ -135,6 +133,20 @@ class MainWindow(QMainWindow):
             page = self.show_page("Discover")
             focus = page.focus_search  # type: ignore[attr-defined]
         focus()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.rescan_models()
+
+    def rescan_models(self) -> None:
+        """A file dropped into a models folder while the window was in the background shows up when the
+        window comes back (Library, and the Chat list through library.refreshed); at most every 2 s."""
+        now = time.monotonic()
+        if now - self._rescanned < RESCAN_EVERY_S:
+            return
+        self._rescanned = now
+        self.pages["Library"].refresh()  # type: ignore[attr-defined]
 
     def _new_chat(self) -> None:
         self.show_page("Chat").new_conversation()  # type: ignore[attr-defined]

@@ -21,13 +21,16 @@ import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from app.core.secrets import KeyStore, keyring_secret
 from app.core.vault import Secret
 from app.server import auth, tls
+
+if TYPE_CHECKING:
+    from app.ui.context import Desk
 
 WINDOW_KEY = "switchyard-window"
 _held: dict[Path, Secret] = {}  # keys.json -> the window's secret, for this process
@@ -68,7 +71,7 @@ def _find_or_make(store: KeyStore) -> Secret:
     return made.secret
 
 
-async def window_access(desk: Any) -> Access:
+async def window_access(desk: Desk) -> Access:
     """The running server's URL, key and certificate for the window's own calls."""
     srv = desk.server
     if not srv.running or not srv.url:

@@ -26,7 +26,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             r"create one with `switchyard keys create NAME`",
             "create one on the Server page (API keys tab, Create key)",
         ),
-        (r"see `switchyard keys list`", "see the API keys tab on the Server page"),
+        (r"see `switchyard keys ls`", "see the API keys tab on the Server page"),
         (
             r"`switchyard keys revoke[^`]*`",
             "select the key in the Server page's API keys tab and press Revoke selected",
@@ -43,6 +43,17 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (r"`switchyard pull [^`]*`", "Download on the Discover page"),
         (
+            # a LoRA adapter's settings.json recipe: the window's way is the base model's LoRA list
+            r"load it with its base model through model_overrides\[<base id>\]\.lora \(e\.g\. \[[^\]]*\]\)",
+            "put it beside its base model (or in a models folder), then select the base model on the Library "
+            "page and tick the adapter under LoRA adapters",
+        ),
+        (
+            r"add it to model_overrides\[('[^']*')\]\.lora \(the Library's Tune panel: LoRA adapters\)",
+            r"select \1 on the Library page and tick it under LoRA adapters",
+        ),
+        (r"model_overrides\[[^\]]*\]\.mmproj", "the model's settings"),
+        (
             r"add a judge, e\.g\. with `switchyard guard enable [^`]*`",
             "on the Settings page, tick Judge requests and answers with a safety model and press Save "
             "settings: that downloads a judge",
@@ -54,6 +65,8 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (r"the system keyring did not accept it \(\w+\)", "the password store refused it (is it locked?)"),
         (r"(?:run|retry) the pull(?: again)?|pull again(?: to retry)?", "press Resume in the Downloads list"),
+        # the planner's advice names command-line flags: the window names the Library's settings
+        (r" \(--kv-type (\w+)\)", r" (choose \1 under KV cache in the model's settings on the Library page)"),
     )
 )
 _BYTES = re.compile(r"\b(\d+) of (\d+) bytes\b|\b(\d{4,}) bytes\b")
@@ -65,8 +78,15 @@ def _sizes(m: re.Match[str]) -> str:
     return f"{fmt_bytes(int(m.group(1)))} of {fmt_bytes(int(m.group(2)))}"
 
 
+# token counts the planner writes bare ("a context of 27830272 or less"): grouped, as the window's other
+# numbers are
+_TOKENS = re.compile(r"\b(context of|asked for) (\d{5,})\b")
+
+
 def for_window(message: str) -> str:
-    """`message` with command lines replaced by the window's buttons, and byte counts as sizes."""
+    """`message` with command lines replaced by the window's buttons, byte counts as sizes, and token
+    counts grouped by thousands."""
     for pattern, replacement in _RULES:
         message = pattern.sub(replacement, message)
+    message = _TOKENS.sub(lambda m: f"{m.group(1)} {int(m.group(2)):,}", message)
     return _BYTES.sub(_sizes, message)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QVBoxLayout, QWidget
 
+from app.ui.theme import ToneLabel, is_dark, palette_event
 from app.ui.wording import for_window
 
 if TYPE_CHECKING:
@@ -29,14 +30,24 @@ class Page(QWidget):
             h = QLabel(self.hint)
             h.setWordWrap(True)
             self.root.addWidget(h)
-        self.status = QLabel("", self)  # parented now: a page that does not lay it out still owns it
+        # parented now: a page that does not lay it out still owns it; its red follows the theme
+        self.status = ToneLabel("", "error", self)
         self.status.setWordWrap(True)
-        self.status.setStyleSheet("color: #c62828")
         # its line is kept while empty, so an error appearing does not push the page down
         policy = self.status.sizePolicy()
         policy.setRetainSizeWhenHidden(True)
         self.status.setSizePolicy(policy)
         self.status.hide()
+        self._dark = is_dark()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if palette_event(event) and self._dark != is_dark():  # rich text made under the other theme
+            self._dark = is_dark()
+            self.theme_changed()
+
+    def theme_changed(self) -> None:
+        """Redraw what carries colours of its own (rich text made under the other theme); pages override."""
 
     def hideEvent(self, event: Any) -> None:
         """Leaving the page drops its error: one from an earlier visit does not linger."""

@@ -10,7 +10,7 @@ import html
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QMimeData, QSize, Qt, QUrl
 from PySide6.QtGui import (
@@ -45,21 +45,27 @@ from PySide6.QtWidgets import (
 
 from app.chat.attachments import MAX_IMAGES_PER_MESSAGE, Picture, prepare
 from app.chat.client import ChatError, stream_chat
-from app.chat.deltas import Text, Usage, timing_figures
+from app.chat.deltas import Reasoning, Text, Usage, timing_figures
 from app.core.errors import SwitchyardError
 from app.library.pairing import projector_for
 from app.ui.chat_images import QtImageCodec, carries_images, images_in, thumbnail
+from app.ui.chat_models import chat_model_ids, why_not_chat
+from app.ui.chat_thinking import SCHEME as THINK_SCHEME
+from app.ui.chat_thinking import ThinkingToggle, folded
 from app.ui.pages import Page
 from app.ui.voice import VoiceBar
 from app.ui.window_access import window_access
 from app.ui.wording import for_window
+
+if TYPE_CHECKING:
+    from app.ui.context import Desk
 
 
 class ChatPage(Page):
     title = "Chat"
     hint = ""
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         self.store = desk.chats
         self.current: int | None = None
@@ -74,6 +80,8 @@ class ChatPage(Page):
         self.search.setPlaceholderText("Search conversations")
         self.search.textChanged.connect(lambda _: self.reload_list())
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.currentItemChanged.connect(self._picked)
         row = QGridLayout()  # two by two: the list stays narrow on a 1024-px screen
         for i, (name, slot) in enumerate(
@@ -124,6 +132,10 @@ class ChatPage(Page):
             box.valueChanged.connect(lambda _v: self._save_options())
         opts.addWidget(QLabel("Model"))
         opts.addWidget(self.model, 1)
+        self.thinking = ThinkingToggle()  # per conversation: its sampling's reasoning_effort
+        self.thinking.toggled.connect(lambda _on: self._save_thinking())
+        self.unfolded: set[int] = set()  # replies whose reasoning is shown open
+        opts.addWidget(self.thinking)
         rl.addLayout(opts)
         rl.addWidget(self.system)
         sampling = QGridLayout()  # two rows of two, so the page fits a 1024-px screen beside the list
@@ -146,6 +158,8 @@ class ChatPage(Page):
         self.code_blocks: list[str] = []
         rl.addWidget(self.view, 1)
         self.phase = QLabel("")
+        # wrapped: a long model name or failure reason on one line made the window wider than the screen
+        self.phase.setWordWrap(True)
         rl.addWidget(self.phase)
         rl.addWidget(self.status)
         send_row = QHBoxLayout()
@@ -192,6 +206,12 @@ class ChatPage(Page):
         desk.bridge.received.connect(self._on_event)
         self.reload_models()  # and the Attach button's state for the model shown
         self.reload_list()
+        self._buttons()
+
+    def theme_changed(self) -> None:
+        # the document's links took the palette's link colour when it was made: draw it again
+        if self.current is not None:
+            self.show_messages()
 
     def focus_search(self) -> None:
         self.search.setFocus()
@@ -201,7 +221,7 @@ class ChatPage(Page):
         keep = self.model.currentData()
         self.model.blockSignals(True)
         self.model.clear()
-        for mid in self.desk.runtime.catalog.ids():
+        for mid in chat_model_ids(self.desk.runtime.catalog):  # speech and embedding models cannot chat
             self.model.addItem(mid, mid)
         if self.model.count() == 0:
             self.model.addItem("no model: download one on Discover", None)
@@ -214,9 +234,9 @@ class ChatPage(Page):
         self.list.blockSignals(True)
         self.list.clear()
         for c in self.store.conversations(search=self.search.text().strip() or None):
-            item = QListWidgetItem(c.title)
+            item = QListWidgetItem(c.title)  # elided at the list's width (its tooltip has it whole)
             item.setData(Qt.ItemDataRole.UserRole, c.id)
-            item.setToolTip(c.model or "")
+            item.setToolTip(f"{c.title}\n{c.model}" if c.model else c.title)
             self.list.addItem(item)
             if c.id == self.current:
                 self.list.setCurrentItem(item)
@@ -227,14 +247,24 @@ class ChatPage(Page):
             )
 
     def new_conversation(self, *, model: str | None = None) -> int:
+        """A new chat; an empty one already there (nothing sent in it yet) is reused, so pressing Ctrl+N
+        again does not pile up empty "New chat" rows."""
         self.reload_models()
         if model is not None:  # the new chat's model, not a change to the one open now
             self.model.blockSignals(True)
             self.model.setCurrentIndex(max(self.model.findData(model), 0))
             self.model.blockSignals(False)
             self._vision_changed()
-        cid = self.store.create("New chat", model=self.model.currentData(), system_prompt=self.system.text())
+        empty = next((c.id for c in self.store.conversations() if not self.store.messages(c.id)), None)
+        if empty is not None:
+            cid = empty
+            self.store.configure(cid, model=self.model.currentData(), system_prompt=self.system.text())
+        else:
+            cid = self.store.create(
+                "New chat", model=self.model.currentData(), system_prompt=self.system.text()
+            )
         self.current = cid
+        self.thinking.show_sampling(self.store.get(cid).sampling)  # its own setting, not the last one shown
         self.reload_list()
         self.show_messages()
         self.input.setFocus()
@@ -252,8 +282,9 @@ class ChatPage(Page):
         for w in controls:  # showing a conversation's values is not a change to save
             w.blockSignals(True)
         idx = self.model.findData(conv.model)
-        if idx < 0 and conv.model:
-            self.model.addItem(conv.model, conv.model)
+        if idx < 0 and conv.model:  # an old conversation's model that is gone (or cannot chat): said so
+            cannot = why_not_chat(self.desk.runtime.catalog, conv.model)
+            self.model.addItem(f"{conv.model} (cannot chat)" if cannot else conv.model, conv.model)
             idx = self.model.count() - 1
         self.model.setCurrentIndex(max(idx, 0))
         self.system.setText(conv.system_prompt)
@@ -261,6 +292,7 @@ class ChatPage(Page):
         self.max_tokens.setValue(int(conv.sampling.get("max_tokens", 512)))
         self.top_p.setValue(float(conv.sampling.get("top_p", 1.0)))
         self.seed.setValue(int(conv.sampling.get("seed", -1)))
+        self.thinking.show_sampling(conv.sampling)
         for w in controls:
             w.blockSignals(False)
         self._vision_changed()
@@ -273,6 +305,15 @@ class ChatPage(Page):
                 model=self.model.currentData(),
                 system_prompt=self.system.text(),
                 sampling=self._sampling(),
+            )
+
+    def _save_thinking(self) -> None:
+        if self.current is not None:
+            self.store.configure(
+                self.current,
+                model=self.model.currentData(),
+                system_prompt=self.system.text(),
+                sampling=self.thinking.into(self._sampling()),
             )
 
     def _sampling(self) -> dict[str, Any]:
@@ -309,6 +350,7 @@ class ChatPage(Page):
             self.current = None
             self.view.clear()
             self.reload_list()
+            self._buttons()
 
     def export_dialog(self) -> None:
         if self.current is None:
@@ -430,13 +472,16 @@ class ChatPage(Page):
         for m in self.store.messages(self.current):
             content = m.content
             meta = m.meta
-            if self.live is not None and m.id == self.live["id"]:
+            live = self.live is not None and m.id == self.live["id"]
+            if self.live is not None and live:
                 content, meta = self.live["text"], self.live
             if m.role == "user":
                 pics = " ".join(f"![image {a.width}x{a.height}](chatimg:{a.id})" for a in m.images)
                 parts.append(f"**You**\n\n{content}\n" + (f"\n{pics}\n" if pics else ""))
             elif m.role == "assistant":
                 body = with_copy_links(content or "…", self.code_blocks)
+                thought = folded(m.id, meta.get("reasoning") or "", unfolded=m.id in self.unfolded, live=live)
+                body = thought + body  # the reasoning, folded, above the answer (app/ui/chat_thinking.py)
                 # each finished reply can be read aloud on its own (app/ui/voice.py)
                 read = f"[Read aloud](speak:{m.id})" if content and m.id != live_id else ""
                 foot = " · ".join(x for x in (_stats(meta), read) if x)
@@ -444,8 +489,18 @@ class ChatPage(Page):
             elif m.role == "error":
                 parts.append(f"> **Error:** {html.escape(content)}\n")
         self.view.setMarkdown("\n---\n".join(parts) or "*Type a message below and press Send.*")
+        self._buttons()
         bar = self.view.verticalScrollBar()
         bar.setValue(bar.maximum())
+
+    def _buttons(self) -> None:
+        """Regenerate, Edit last and Copy reply are on only where there is something for them to act on."""
+        msgs = self.store.messages(self.current) if self.current is not None else []
+        idle = self.stream_task is None
+        asked = any(m.role == "user" for m in msgs)
+        self.regen_btn.setEnabled(idle and asked)
+        self.edit_btn.setEnabled(idle and asked)
+        self.copy_btn.setEnabled(any(m.role == "assistant" and m.content for m in msgs))
 
     # ---- sending ----------------------------------------------------------------------------------
     def send(self, text: str | None = None) -> asyncio.Task[Any] | None:
@@ -503,6 +558,9 @@ class ChatPage(Page):
             self.copy_code(int(url.path()) if url.path().isdigit() else -1)
         elif url.scheme() == "speak" and url.path().isdigit():
             self.voice.read_aloud(int(url.path()))
+        elif url.scheme() == THINK_SCHEME and url.path().isdigit():
+            self.unfolded ^= {int(url.path())}  # open or close that reply's reasoning
+            self.show_messages()
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)  # a link in a model card or a reply: the user's browser
 
@@ -537,6 +595,7 @@ class ChatPage(Page):
             self.stream_task = None
             self.stop_btn.setEnabled(False)
             self.phase.setText("")
+            self._buttons()
 
         task.add_done_callback(done)
         return task
@@ -546,6 +605,11 @@ class ChatPage(Page):
         srv = self.desk.server
         if not conv.model:
             self.store.add(cid, "error", "No model chosen: pick one above (or download one on Discover).")
+            self.show_messages()
+            return
+        cannot = why_not_chat(self.desk.runtime.catalog, conv.model)
+        if cannot is not None:
+            self.store.add(cid, "error", cannot)
             self.show_messages()
             return
         if not srv.running or not srv.url:
@@ -565,8 +629,8 @@ class ChatPage(Page):
             **conv.sampling,
         }
         aid = self.store.add(cid, "assistant", "")
-        self.live = {"id": aid, "text": "", "model": conv.model}
-        lane = self.desk.runtime.supervisor.lanes.get(conv.model)
+        self.live = {"id": aid, "text": "", "reasoning": "", "model": conv.model}
+        lane = self.desk.runtime.lane_of(conv.model)
         if lane is None or str(lane.state) != "ready":
             self.phase.setText(f"Loading {conv.model}… the first reply waits for the model to start")
         self.show_messages()
@@ -590,6 +654,15 @@ class ChatPage(Page):
                         figures = timing_figures(delta.timings) or figures
                         if delta.prompt_tokens is not None and delta.completion_tokens is not None:
                             context_used = delta.prompt_tokens + delta.completion_tokens
+                    elif isinstance(delta, Reasoning):
+                        if ttft is None:
+                            ttft = time.monotonic() - t0
+                            self.phase.setText("")
+                        self.live["reasoning"] += delta.text
+                        now = time.monotonic()
+                        if now - last_paint > 0.05:
+                            self.show_messages()
+                            last_paint = now
                     elif isinstance(delta, Text):
                         if ttft is None:
                             ttft = time.monotonic() - t0
@@ -622,6 +695,8 @@ class ChatPage(Page):
                 "context_size": _context_size(self.desk, conv.model),
                 **figures,
             }
+            if self.live and self.live.get("reasoning"):
+                meta["reasoning"] = self.live["reasoning"]  # shown folded; never sent back to the model
             text = self.live["text"] if self.live else ""
             self.store.update(aid, content=text, meta=meta)
             self.live = None
@@ -721,9 +796,9 @@ def _stats(meta: dict[str, Any]) -> str:
     return f"*{' · '.join(bits)}*" if bits else ""
 
 
-def _context_size(desk: Any, model: str) -> int | None:
+def _context_size(desk: Desk, model: str) -> int | None:
     """One slot's context: what a single conversation can use on that lane."""
-    lane = desk.runtime.supervisor.lanes.get(model)
+    lane = desk.runtime.lane_of(model)
     params = (lane.snapshot().get("params") or {}) if lane is not None else {}
     total, slots = params.get("ctx_size"), params.get("parallel") or 1
     return int(total) // int(slots) if total else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -31,6 +31,10 @@ from app.ui.downloads_view import DownloadsPanel
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.recommend_view import RecommendView
+from app.ui.theme import tone
+
+if TYPE_CHECKING:
+    from app.ui.context import Desk
 
 # said where no file of a repository fits here: the way out is a model with fewer parameters
 NONE_FITS = (
@@ -53,7 +57,7 @@ class DiscoverPage(Page):
     title = "Discover"
     hint = "Find a model on Hugging Face, see whether it fits this machine, and download it."
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         bar = QHBoxLayout()
         self.query = QLineEdit()
@@ -144,7 +148,9 @@ class DiscoverPage(Page):
         # that (the test suite sets it: working the list out measures memory bandwidth and asks the hub)
         if not self._first_run_checked:
             self._first_run_checked = True
-            if not self.desk.runtime.catalog.entries() and not os.environ.get("SWITCHYARD_NO_FIRST_RUN"):
+            # the starter model alone is still a first run: the view offers it beside the recommendations
+            own = [e for e in self.desk.runtime.catalog.entries() if e.starter is None]
+            if not own and not os.environ.get("SWITCHYARD_NO_FIRST_RUN"):
                 self.show_recommendations()
 
     # ---- the two views: search, recommendations ----------------------------------------------------
@@ -234,6 +240,10 @@ class DiscoverPage(Page):
         if self._opening == repo:
             self._show_detail(detail.public(), checking=False)
 
+    def theme_changed(self) -> None:
+        if self.detail is not None:  # the [vision] tag in the new theme's colour
+            self.model_title.setText(_title_html(self.detail))
+
     def _show_detail(self, doc: dict[str, Any], *, checking: bool) -> None:
         self.detail = doc
         gated = {
@@ -242,8 +252,7 @@ class DiscoverPage(Page):
             "auto": "gated (automatic approval)",
             "manual": "gated (manual approval)",
         }.get(doc["gated"], "gated")
-        vision = " <span style='color:#1565c0'>[vision]</span>" if is_vision(doc) else ""
-        self.model_title.setText(f"<h3 style='margin:0'>{doc['id']}{vision}</h3>")
+        self.model_title.setText(_title_html(doc))
         self.model_meta.setText(
             f"License: {doc['license'] or 'not stated'} · {gated} · "
             f"{fmt.count(doc['downloads'])} downloads · "
@@ -270,8 +279,10 @@ class DiscoverPage(Page):
             why = QPushButton("Why?")
             why.setEnabled(v is not None)
             why.setToolTip(f"Why {q['name']} fits or not, device by device")
+            why.setAccessibleName(f"Why {q['name']} fits or not")  # a screen reader names the row too
             why.clicked.connect(lambda _=False, n=q["name"]: self.why(n))
             dl = QPushButton("Download")
+            dl.setAccessibleName(f"Download {q['name']}")
             dl.clicked.connect(lambda _=False, n=q["name"], b=dl: self.download(n, b))
             if q["name"].upper() in have:  # already here: a second copy would only repeat the files
                 dl.setText("In Library")
@@ -282,8 +293,11 @@ class DiscoverPage(Page):
                 dl.setToolTip("It does not fit this machine: see Why?")
             self.quants.setCellWidget(i, 4, why)
             self.quants.setCellWidget(i, 5, dl)
-        if not checking and quants and fit and not any((v or {}).get("fits") for v in fit.values()):
+        known = [v for v in fit.values() if v and v.get("verdict") is not None]
+        if not checking and quants and known and not any(v.get("fits") for v in known):
             self.model_meta.setText(f"{self.model_meta.text()}<br><b>{NONE_FITS}</b>")
+        elif not checking and quants and fit and not known:  # a gated repository's headers, say: unread
+            self.model_meta.setText(f"{self.model_meta.text()}<br><b>{unknown_fit(doc, fit)}</b>")
         if not quants:
             self.quants.setRowCount(1)
             self.quants.setItem(0, 0, QTableWidgetItem("no GGUF files in this repository"))
@@ -368,3 +382,19 @@ class DiscoverPage(Page):
 
     def job_state(self, job_id: str) -> str:
         return self.panel.job_state(job_id)
+
+
+def unknown_fit(doc: dict[str, Any], fit: dict[str, Any]) -> str:
+    """Why no verdict could be reached for any file (not "no file fits": nothing was measured)."""
+    why = next((str(v.get("summary")) for v in fit.values() if v and v.get("summary")), "")
+    if doc.get("gated") not in (False, None):
+        return (
+            "Whether a file fits is unknown: this repository is gated, so its files cannot be read until "
+            "access is granted (request it on its Hugging Face page, then add your token in Settings)."
+        )
+    return f"Whether a file fits is unknown{': ' + why if why else ''}."
+
+
+def _title_html(doc: dict[str, Any]) -> str:
+    vision = f" <span style='color:{tone('accent')}'>[vision]</span>" if is_vision(doc) else ""
+    return f"<h3 style='margin:0'>{doc['id']}{vision}</h3>"

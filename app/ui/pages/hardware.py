@@ -3,7 +3,7 @@ with each loaded lane's share listed."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel
@@ -12,6 +12,9 @@ from app.ui import fmt
 from app.ui.charts import GIB, Graph, LaneHistory
 from app.ui.pages import Page
 
+if TYPE_CHECKING:
+    from app.ui.context import Desk
+
 HISTORY = 120  # samples (two minutes at 1 Hz)
 
 
@@ -19,7 +22,7 @@ class HardwarePage(Page):
     title = "Hardware"
     hint = "What this machine has, and what is in use now (sampled every second)."
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         self.summary = QLabel()
         self.summary.setWordWrap(True)
@@ -73,7 +76,7 @@ class HardwarePage(Page):
             return
         if d.get("cpu_percent") is not None:
             self.cpu.add(float(d["cpu_percent"]), latest=[f"{d['cpu_percent']:.0f} %"])
-        lanes = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
+        lanes = [s for s in self.desk.runtime.lanes_snapshot() if s["state"] == "ready"]
         held = sum(_rss(s) for s in lanes)
         total = d.get("ram_total") or 0
         if total:

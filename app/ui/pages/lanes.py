@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import time
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QFontDatabase
@@ -27,6 +27,9 @@ from app.ui.charts import LaneHistory, Sparkline
 from app.ui.engines_view import EnginesPanel
 from app.ui.pages import Page, table
 
+if TYPE_CHECKING:
+    from app.ui.context import Desk
+
 STRIP_SECONDS = 300  # the lanes' strips show the last five minutes
 TICK_MS = 500  # while the page is shown: a request starting or ending sends no event, so look this often
 
@@ -37,7 +40,7 @@ class LanesPage(Page):
         "Each loaded model runs in its own engine process (a lane). A lane starts when a model is first used."
     )
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         self.table = table(
             ["Model", "State", "Engine", "PID", "Port", "Memory", "Context", "Uptime", "Error"], stretch=8
@@ -82,7 +85,7 @@ class LanesPage(Page):
             add.addWidget(w, 1)
         add.addWidget(self.remote_add)
         self.root.addLayout(add)
-        # conversations saved when llama.cpp lanes stopped (app/lanes/bank.py), restored when they return
+        # conversations saved when llama.cpp lanes stopped (lanes/bank/sessions.py), restored when they return
         self.bank = QLabel()
         self.bank.setWordWrap(True)
         self.root.addWidget(self.bank)
@@ -132,7 +135,7 @@ class LanesPage(Page):
         self.show_log()
 
     def refresh(self) -> None:
-        snaps = self.desk.runtime.supervisor.snapshot()
+        snaps = self.desk.runtime.lanes_snapshot()
         keep = self.selected()
         self.ids = [str(s["id"]) for s in snaps]
         self.table.setRowCount(len(snaps))
@@ -166,7 +169,7 @@ class LanesPage(Page):
 
     def record_memory(self) -> None:
         """One memory reading per ready lane per hardware tick (visible or not: the strip keeps its past)."""
-        ready = [s for s in self.desk.runtime.supervisor.snapshot() if s["state"] == "ready"]
+        ready = [s for s in self.desk.runtime.lanes_snapshot() if s["state"] == "ready"]
         for s in ready:
             used = _memory_bytes(s)
             if used:
@@ -197,7 +200,7 @@ class LanesPage(Page):
         self.strips.setVisible(bool(models))
 
     def show_bank(self) -> None:
-        from app.lanes.bank import MIB, bank_summary
+        from app.lanes.bank.sessions import MIB, bank_summary
 
         settings = self.desk.runtime.settings
         if not settings.session_bank:
@@ -261,7 +264,7 @@ class LanesPage(Page):
 
     def show_log(self) -> None:
         lid = self.selected()
-        lane = self.desk.runtime.supervisor.lanes.get(lid) if lid else None
+        lane = self.desk.runtime.lane_of(lid) if lid else None
         if lane is None:
             return
         text = "\n".join(lane.ring.tail(300))
@@ -271,7 +274,7 @@ class LanesPage(Page):
 
     def _model(self) -> str | None:
         lid = self.selected()
-        lane = self.desk.runtime.supervisor.lanes.get(lid) if lid else None
+        lane = self.desk.runtime.lane_of(lid) if lid else None
         if lane is None:
             self.report("Select a lane first.")
             return None
@@ -280,17 +283,15 @@ class LanesPage(Page):
     def stop(self) -> None:
         mid = self._model()
         if mid:
-            self.desk.spawn(
-                self.desk.runtime.supervisor.unload(mid), disable=[self.stop_btn], report=self.report
-            )
+            self.desk.spawn(self.desk.runtime.unload(mid), disable=[self.stop_btn], report=self.report)
 
     def restart(self) -> None:
         mid = self._model()
         if mid:
 
             async def again() -> None:
-                await self.desk.runtime.supervisor.unload(mid)
-                await self.desk.runtime.supervisor.load(mid)
+                await self.desk.runtime.unload(mid)
+                await self.desk.runtime.load(mid)
 
             self.desk.spawn(again(), disable=[self.restart_btn], report=self.report)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QDragEnterEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -21,12 +21,15 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QScrollArea,
+    QSplitter,
     QTableWidgetItem,
+    QVBoxLayout,
     QWidget,
 )
 
 from app.core.errors import ModelInUseError
 from app.hub.update_check import read_updates
+from app.library.app_stores.locations import APP_NAMES
 from app.library.importer import import_model
 from app.library.listing import ADAPTER_STATUS, listing
 from app.library.model import ModelEntry
@@ -38,6 +41,9 @@ from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.pages.tune import TunePanel
 
+if TYPE_CHECKING:
+    from app.ui.context import Desk
+
 COLUMNS = ["Name", "Format", "Quant", "Size", "Lane", "Fit", "Eval", "Smoke", "Loaded", "Last used", "Origin"]
 LOADED = ("ready", "starting")
 NAME_WIDTH = 220  # px: about 30 characters a line; longer names wrap
@@ -47,7 +53,7 @@ class LibraryPage(Page):
     title = "Library"
     hint = "Models on this machine. Drop a model file or folder here to import it."
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         self.setAcceptDrops(True)
         bar = QHBoxLayout()
@@ -81,15 +87,28 @@ class LibraryPage(Page):
         head.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
         self.table.setColumnWidth(0, NAME_WIDTH)
         head.setStretchLastSection(True)
+        # a to z by name on first show (Qt's own first indicator is descending: z to a)
+        head.setSortIndicator(0, Qt.SortOrder.AscendingOrder)
         self.table.setSortingEnabled(True)
         self.table.doubleClicked.connect(lambda _: self.chat())
-        self.root.addWidget(self.table, 1)
         self.detail = QLabel("")  # the selected model: files, projector, context per request, last eval
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.root.addWidget(self.detail)
         self.tune = TunePanel(desk)
-        self.root.addWidget(_sideways(self.tune))
+        # the table and the selected model's pane share the height by a splitter a person can drag; the
+        # pane scrolls (both ways) inside its share: at its own full height it left the table three rows
+        # at 1024x640
+        self.split = QSplitter(Qt.Orientation.Vertical)
+        self.split.setChildrenCollapsible(False)
+        self.split.addWidget(self.table)
+        self.pane_body = _PaneBody()
+        self.split.addWidget(_pane(self.pane_body, self.detail, self.tune))
+        self.pane_body.relaid.connect(self._fit_soon)  # its content grew or shrank: the share follows
+        self.split.setStretchFactor(0, 3)
+        self.split.setStretchFactor(1, 2)
+        self._split_user = False  # the splitter was dragged: its place is the person's from then on
+        self.split.splitterMoved.connect(lambda *_: setattr(self, "_split_user", True))
+        self.root.addWidget(self.split, 1)
         self.table.itemSelectionChanged.connect(self._selection_changed)
         self._enable(False)
         self.empty = QLabel(
@@ -98,12 +117,37 @@ class LibraryPage(Page):
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.root.addWidget(self.empty)
         self.rows: list[dict[str, Any]] = []
+        self._filling = False
         self.dialogs: list[ExplainDialog] = []
         # models the server's update check found a newer revision for (docs/jobs.md#update-checks)
         found = read_updates(desk.runtime.paths.home / "updates.json").get("updates") or []
         self.updates: set[str] = {u["model"] for u in found if u.get("available")}
         desk.bridge.received.connect(self._on_event)
         self.refresh()
+
+    def theme_changed(self) -> None:
+        self.tune.recompute()  # its verdict's words in the new theme's colours
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        self._fit_soon()
+
+    def _fit_soon(self) -> None:
+        QTimer.singleShot(0, self, self._fit_split)  # once laid out: the next turn of the loop
+
+    def _fit_split(self) -> None:
+        """Share the height between the table and the pane (on show and as the pane's content changes),
+        until the person drags the splitter."""
+        total = sum(self.split.sizes())
+        if self._split_user or total <= 0 or not self.isVisible():
+            return
+        # the table keeps TABLE_ROWS rows (two lines each: long names wrap); the pane gets the rest, up to
+        # its whole height (a large window shows it all, a small one scrolls it)
+        row = 2 * self.table.fontMetrics().lineSpacing() + 6
+        table_min = self.table.horizontalHeader().sizeHint().height() + TABLE_ROWS * row
+        whole = self.pane_body.sizeHint().height()  # the scroll area's own hint is capped at 24 lines
+        pane = min(whole, max(total - table_min, PANE_MIN_HEIGHT))
+        self.split.setSizes([total - pane, pane])
 
     def _on_event(self, kind: str, _data: Any) -> None:
         if kind == "model.update_available":
@@ -160,11 +204,15 @@ class LibraryPage(Page):
             return docs
 
         self.rows = await asyncio.to_thread(read)
-        lanes = rt.supervisor.lanes
+        # the selection is the model, not the row number: refilling (and re-sorting) the rows would leave
+        # the highlight on whatever model now sits at that index while the pane kept the old one
+        keep = self.current_id()
+        self._filling = True
+        self.table.clearSelection()
         self.table.setSortingEnabled(False)
         self.table.setRowCount(len(self.rows))
         for i, d in enumerate(self.rows):
-            lane = lanes.get(d["id"])
+            lane = rt.lane_of(d["id"])
             origin = d.get("origin") or {}
             weights = int(d.get("size") or sum(int(f.get("size") or 0) for f in d.get("files") or []))
             size = weights + int(d.get("projector_size") or 0)  # what the model takes on disk, all of it
@@ -179,7 +227,7 @@ class LibraryPage(Page):
                 _smoke_text(d.get("smoke")),
                 str(lane.state) if lane and str(lane.state) != "stopped" else "no",
                 fmt.ago(d.get("last_used_at")),
-                (origin.get("repo") or d.get("source") or "-")
+                (origin.get("repo") or owner_text(d.get("owner")) or d.get("source") or "-")
                 + (" (update available)" if d["id"] in self.updates else ""),
             ]
             tips = {
@@ -200,6 +248,9 @@ class LibraryPage(Page):
                 item.setToolTip(tips.get(COLUMNS[j]) or c)
                 self.table.setItem(i, j, item)
         self.table.setSortingEnabled(True)
+        self._filling = False
+        if keep is not None and not self.select(keep):  # gone (deleted): nothing selected, the pane empty
+            self._selection_changed()
         self.empty.setVisible(not self.rows)
         self._apply_filter()
         self.desk.bridge.emit_local("library.refreshed")  # Chat's model list follows
@@ -210,14 +261,27 @@ class LibraryPage(Page):
             item = self.table.item(i, 0)
             self.table.setRowHidden(i, bool(text) and text not in (item.text().lower() if item else ""))
 
-    def _selection_changed(self) -> None:
+    def current_id(self) -> str | None:
+        """The model the highlighted row shows, or None (no report: `selected` is the one that asks)."""
         rows = self.table.selectionModel().selectedRows()
         item = self.table.item(rows[0].row(), 0) if rows else None
-        mid = str(item.data(Qt.ItemDataRole.UserRole)) if item else None
+        return str(item.data(Qt.ItemDataRole.UserRole)) if item else None
+
+    def _selection_changed(self) -> None:
+        if self._filling:  # rows are being replaced: the model is selected again once they are all in
+            return
+        mid = self.current_id()
+        if mid == self.tune.model and self.tune.isEnabled() and mid is not None:
+            self._enable(True)  # the same model again after a refresh: its unsaved edits stay
+            row = next((d for d in self.rows if d["id"] == mid), None)
+            self.detail.setText(detail_text(row) if row else "")
+            return
         self.tune.show_model(mid)
-        self._enable(item is not None)
+        self._enable(mid is not None)
         row = next((d for d in self.rows if d["id"] == mid), None)
         self.detail.setText(detail_text(row) if row else "")
+        for name in ("Delete", "Explain", "Unload", "Load"):  # what a press acts on, by name
+            self.buttons[name].setToolTip(f"{name} {mid}" if mid else f"{name}: select a model first")
 
     def _enable(self, picked: bool) -> None:
         """The buttons that act on the selected model are off while none is selected."""
@@ -248,14 +312,14 @@ class LibraryPage(Page):
             return None
         self.clear_report()
         return self.desk.spawn(
-            self.desk.runtime.supervisor.load(mid), disable=[self.buttons["Load"]], report=self.report
+            self.desk.runtime.load(mid), disable=[self.buttons["Load"]], report=self.report
         )
 
     def unload(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
         if mid is None:
             return None
-        return self.desk.spawn(self.desk.runtime.supervisor.unload(mid), report=self.report)
+        return self.desk.spawn(self.desk.runtime.unload(mid), report=self.report)
 
     def chat(self) -> None:
         mid = self.selected()
@@ -317,14 +381,14 @@ class LibraryPage(Page):
         mid = model_id or self.selected()
         if mid is None:
             return None
-        lane = self.desk.runtime.supervisor.lanes.get(mid)
+        lane = self.desk.runtime.lane_of(mid)
         if lane is not None and (str(lane.state) in LOADED or lane.in_flight > 0):
             self.report(f"{mid} is loaded ({lane.state}); unload it first, then delete it.")
             return None
         if confirm:
             # a plain slot, not a coroutine: the modal question runs before any await
             answer = QMessageBox.question(
-                self, "Delete model", f"Delete {mid} and its files from this machine?"
+                self, f"Delete {mid}", delete_question(self.desk.runtime.catalog, mid)
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return None
@@ -332,12 +396,21 @@ class LibraryPage(Page):
 
     async def _delete(self, mid: str) -> None:
         rt = self.desk.runtime
-        lane = rt.supervisor.lanes.get(mid)
+        lane = rt.lane_of(mid)
         if lane is not None and (str(lane.state) in LOADED or lane.in_flight > 0):
             raise ModelInUseError(f"{mid} is loaded ({lane.state}); unload it first, then delete it")
+        entry = rt.catalog.get(mid, allow_broken=True)
+        # a file in a models folder goes only when asked: the question above named it, and Yes asked
+        own = entry.source == "models_dir"
         await asyncio.to_thread(
-            remove_model, mid, catalog=rt.catalog, library=rt.library, imported_root=rt.paths.imported
+            remove_model,
+            mid,
+            catalog=rt.catalog,
+            library=rt.library,
+            imported_root=rt.paths.imported,
+            delete_files=own,
         )
+        await rt.forget_lane(mid)  # `ps` and the lanes view stop listing it
         self.desk.notify("Model deleted", mid)
         await self._refresh()
 
@@ -420,6 +493,29 @@ def _eval_tip(run: dict[str, Any] | None) -> str:
     )
 
 
+def owner_text(owner: dict[str, Any] | None) -> str | None:
+    """Where a model of another app's store lives, as the Library's From column says it."""
+    if not owner:
+        return None
+    app = APP_NAMES.get(owner["app"], owner["app"])
+    return app if owner["app"] == "folder" else f"{app} ({owner['name']})"
+
+
+def delete_question(catalog: Any, mid: str) -> str:
+    """The confirmation: the model by name and what leaves the disk (a linked import keeps its files)."""
+    entry = catalog.find(mid)
+    if entry is None:
+        return f"Delete {mid} from the library?"
+    if entry.source == "import_link":
+        return f"Remove {mid} from the library? Its files stay where they are: {entry.path}"
+    if entry.owner is not None:  # another app's store: refused, with how that app removes it
+        return (
+            f"{mid} belongs to {owner_text(entry.owner.public())}: Switchyard reads it where it is and never "
+            "deletes it; remove it in that app. Continue to see how?"
+        )
+    return f"Delete {mid} and its files from this machine?\n\n{entry.path}"
+
+
 def detail_text(d: dict[str, Any]) -> str:
     """The selected model in a few lines: where it is, the projector it loads with, the context one
     request may hold, its last eval."""
@@ -449,16 +545,38 @@ def _quant(d: dict[str, Any]) -> str | None:
     return facts.get("file_type") or facts.get("quant")
 
 
-def _sideways(panel: QWidget) -> QScrollArea:
-    """The panel at its own height, scrolled sideways where the window is narrower than it (a 1024-px
-    screen), instead of widening the whole window."""
+class _PaneBody(QWidget):
+    """The pane's content; says when its layout asks for another size (its content grew or shrank). An
+    override of its own event(), not an event filter on the page: a filter is called while the page is
+    being destroyed."""
+
+    relaid = Signal()
+
+    def event(self, e: QEvent) -> bool:
+        if e.type() == QEvent.Type.LayoutRequest:
+            self.relaid.emit()
+        return super().event(e)
+
+
+def _pane(body: QWidget, *parts: QWidget) -> QScrollArea:
+    """The selected model's pane: its parts one under the other in `body`, scrolled where the splitter's
+    share is smaller than they are (and sideways on a screen narrower than them), never widening the
+    window."""
+    lay = QVBoxLayout(body)
+    lay.setContentsMargins(0, 0, 0, 0)
+    for part in parts:
+        lay.addWidget(part)
+    lay.addStretch(1)
     area = QScrollArea()
-    area.setWidget(panel)
+    area.setWidget(body)
     area.setWidgetResizable(True)
     area.setFrameShape(QScrollArea.Shape.NoFrame)
-    area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-    area.setMinimumHeight(panel.sizeHint().height() + area.horizontalScrollBar().sizeHint().height())
+    area.setMinimumHeight(PANE_MIN_HEIGHT)
     return area
+
+
+PANE_MIN_HEIGHT = 120  # the verdict and the first settings row stay in view however far it is dragged
+TABLE_ROWS = 8  # rows the table keeps in view on first show, when the window has the room
 
 
 def _smoke_text(smoke: dict[str, Any] | None) -> str:

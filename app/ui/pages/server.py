@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -26,9 +26,14 @@ from PySide6.QtWidgets import (
 
 from app.core.errors import BadRequestError, SettingsError
 from app.core.secrets import KeyStore
-from app.lanes.request_defaults import ModelLimits, model_limits
+from app.lanes.engines.llamacpp.request_defaults import ModelLimits, model_limits
 from app.server import auth
+from app.ui.chat_models import chat_model_ids
 from app.ui.pages import Page, table
+from app.ui.theme import tone
+
+if TYPE_CHECKING:
+    from app.ui.context import Desk
 
 LOG_ROWS = 500
 
@@ -37,7 +42,7 @@ class ServerPage(Page):
     title = "Server"
     hint = "The local OpenAI-compatible API. Editors and scripts use the base URL below."
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         grid = QGridLayout()
         self.state = QLabel()
@@ -60,8 +65,13 @@ class ServerPage(Page):
         self.copy_fp = QPushButton("Copy fingerprint")
         self.copy_fp.clicked.connect(self.copy_fingerprint)
         self.lan = QCheckBox("Allow access from the local network (needs an API key; served over HTTPS)")
-        self.lan.setChecked(not auth.is_loopback(desk.runtime.settings.host))
+        self.lan.setChecked(not auth.is_loopback(_saved_host(desk) or desk.runtime.settings.host))
         self.lan.clicked.connect(self.set_lan)
+        # what the box means now: the address other computers use (the box applies at once: the server
+        # listens again with the address and request guards of the new choice)
+        self.lan_note = QLabel("")
+        self.lan_note.setWordWrap(True)
+        self.lan_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         grid.addWidget(QLabel("State"), 0, 0)
         grid.addWidget(self.state, 0, 1, 1, 2)
         grid.addWidget(self.toggle, 0, 3)
@@ -78,6 +88,7 @@ class ServerPage(Page):
         grid.addWidget(self.fingerprint, 3, 1, 1, 2)
         grid.addWidget(self.copy_fp, 3, 3)
         grid.addWidget(self.lan, 4, 0, 1, 4)
+        grid.addWidget(self.lan_note, 5, 0, 1, 4)
         grid.setColumnStretch(1, 1)
         self.root.addLayout(grid)
         self.root.addWidget(self.status)
@@ -105,6 +116,11 @@ class ServerPage(Page):
         self.new_key.setPlaceholderText("A new key shows here once; copy it to the client")
         kl.addWidget(self.new_key)
         self.keys = table(["Name", "Created", "Ends with", "In keyring"])
+        # Revoke acts on the selected key: off while none is
+        self.keys.itemSelectionChanged.connect(
+            lambda: self.revoke_btn.setEnabled(bool(self.keys.selectionModel().selectedRows()))
+        )
+        self.revoke_btn.setEnabled(False)
         kl.addWidget(self.keys, 1)
         tabs.addTab(kw, "API keys")
         self.log = table(["Time", "Client", "Model", "Route", "Status", "Duration"], stretch=3)
@@ -115,9 +131,17 @@ class ServerPage(Page):
         self.refresh_state()
         self.refresh_keys()
 
+    def theme_changed(self) -> None:
+        self.refresh_state()  # "Running" in the new theme's green
+
+    def hideEvent(self, event: Any) -> None:
+        """A new key is shown once, while the page is open: leaving the page takes it off the screen."""
+        super().hideEvent(event)
+        self.new_key.clear()
+
     # ---- state ------------------------------------------------------------------------------------
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "server.state":
+        if kind in ("server.state", "library.refreshed"):  # the snippets name a model that is here
             self.refresh_state()
         elif kind == "request.done":
             self._log(data)
@@ -125,7 +149,7 @@ class ServerPage(Page):
     def refresh_state(self) -> None:
         srv = self.desk.server
         if srv.running:
-            self.state.setText(f"<b style='color:#2e7d32'>Running</b> on {srv.url}")
+            self.state.setText(f"<b style='color:{tone('ok')}'>Running</b> on {srv.url}")
             self.toggle.setText("Stop server")
         else:
             why = f": {srv.error}" if srv.error else ""
@@ -135,12 +159,18 @@ class ServerPage(Page):
         base = f"{srv.url}/v1" if srv.url else ""
         self.address.setText(base or "(not listening)")
         self.copy.setEnabled(bool(base))
+        self.lan_note.setText(self._lan_words())
         material = srv.tls if srv.running else None
         self.fingerprint.setText(material.fingerprint if material else "(plain HTTP: no certificate)")
         self.fingerprint.setToolTip(str(material.cert) if material else "")
         self.copy_fp.setEnabled(material is not None)
-        url = base or f"http://127.0.0.1:{self.desk.runtime.settings.port}/v1"
-        model = (self.desk.runtime.catalog.ids() or ["MODEL"])[0]
+        # stopped: the port it will listen on (the one just chosen on this page, else the settings')
+        port = srv.port if srv.port is not None else self.desk.runtime.settings.port
+        url = base or (f"http://127.0.0.1:{port}/v1" if port else "")
+        model = (chat_model_ids(self.desk.runtime.catalog) or ["MODEL"])[0]  # a snippet chats: a chat model
+        if not url:  # any free port, not chosen yet: no made-up address in the snippets
+            self.snippet.setPlainText("The snippets show here once the server listens: press Start server.")
+            return
         text = _snippets(url, model, limits=self._request_limits(model))
         if material is not None:
             text = _tls_note(str(material.cert), material.fingerprint) + text
@@ -206,20 +236,52 @@ class ServerPage(Page):
         if self.desk.server.tls is not None:
             QGuiApplication.clipboard().setText(self.desk.server.tls.fingerprint)
 
-    def set_lan(self, on: bool) -> None:
-        """Refused without a key; saved to settings.json and applied when Switchyard next starts."""
+    def _lan_words(self) -> str:
+        srv = self.desk.server
+        wanted = not auth.is_loopback(self.desk.runtime.settings.host)
+        if srv.running and srv.host is not None and auth.is_loopback(srv.host) == wanted:
+            # changed elsewhere (settings.json, the admin API) while listening: the next Start applies it
+            now = "only this computer" if wanted else "the local network"
+            return f"Saved. It still answers {now} until you press Stop server, then Start server."
+        if not wanted:
+            return ""
+        if not srv.running or not srv.url:
+            return "Other computers can connect once the server is started."
+        scheme, port = srv.url.split("://", 1)[0], srv.url.rsplit(":", 1)[-1]
+        urls = [f"{scheme}://{a}:{port}/v1" for a in lan_addresses()]
+        if not urls:
+            return "No network address was found on this computer: other computers cannot reach it now."
+        return "Other computers use: " + " or ".join(urls) + " (with an API key from the API keys tab)"
+
+    def set_lan(self, on: bool) -> asyncio.Task[Any] | None:
+        """Refused without a key; else saved to settings.json, taken by the Runtime, and, while the server
+        listens, applied at once: it listens again on the new address with guards built for it. Stopped,
+        the next Start applies it. The note under the box then names the address other computers use."""
         self.clear_report()
         store = KeyStore.at(self.desk.paths)
         if on and not store:
             self.lan.setChecked(False)
             self.report("Create an API key first: anyone on the network could otherwise use your models.")
-            return
+            return None
+        host = "0.0.0.0" if on else "127.0.0.1"
         try:
-            _save_setting(self.desk.paths.settings_file, "host", "0.0.0.0" if on else "127.0.0.1")
+            _save_setting(self.desk.paths.settings_file, "host", host)
         except (OSError, SettingsError) as exc:
+            self.lan.setChecked(not on)
             self.report(getattr(exc, "message", str(exc)))
-            return
-        self.desk.notify("Network access", "Saved; restart Switchyard (Quit, then open it) to apply.")
+            return None
+        srv = self.desk.server
+
+        async def apply() -> None:
+            await self.desk.runtime.change_settings({"host": host})
+            try:
+                if srv.running:
+                    await srv.stop(keep_wanted=True)
+                    await srv.start()
+            finally:
+                self.refresh_state()
+
+        return self.desk.spawn(apply(), disable=[self.lan, self.toggle], report=self.report)
 
     # ---- keys -------------------------------------------------------------------------------------
     def refresh_keys(self) -> None:
@@ -292,6 +354,7 @@ def _snippets(url: str, model: str, *, limits: ModelLimits) -> str:
     flag = "true" if tools else "false"
     return f"""# Python, openai client
 from openai import OpenAI
+
 client = OpenAI(base_url="{url}", api_key="local")  # a key from the API keys tab if one is required
 reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}])
 print(reply.choices[0].message.content)
@@ -333,6 +396,23 @@ def _tls_note(cert: str, fingerprint: str) -> str:
 #   curl --cacert cert.pem ...
 
 """
+
+
+def _saved_host(desk: Desk) -> str | None:
+    """The host settings.json holds now (the LAN box's saved choice), or None where it sets none."""
+    import json
+
+    try:
+        raw = json.loads(desk.paths.settings_file.read_text())
+    except (OSError, ValueError):
+        return None
+    host = raw.get("host") if isinstance(raw, dict) else None
+    return host if isinstance(host, str) else None
+
+
+def lan_addresses() -> list[str]:
+    """This machine's IPv4 addresses another computer on the network could dial (not loopback)."""
+    return sorted(a for a in auth.own_addresses() if "." in a and not a.startswith("127.") and ":" not in a)
 
 
 def _save_setting(path: Any, key: str, value: Any) -> None:

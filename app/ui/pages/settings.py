@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -34,10 +34,48 @@ from app.safety.known import DEFAULT_JUDGE, KNOWN, KnownJudge
 from app.ui import autostart
 from app.ui.pages import Page
 
+if TYPE_CHECKING:
+    from app.ui.context import Desk
+
 NO_JUDGE = (
     "No judge yet: tick the box above and press Save settings. Switchyard then downloads a small safety "
     "model (Qwen3Guard 0.6B) and makes it the judge."
 )
+
+
+# each setting as this page labels it: what was applied is said in the page's words, not settings.json's
+LABELS = {
+    "models_dirs": "Models folders",
+    "ctx_size": "Default context",
+    "idle_ttl_s": "Unload idle models after",
+    "max_loaded_lanes": "Models loaded at once",
+    "hf_endpoint": "Hugging Face mirror",
+    "proxy": "Proxy",
+    "start_server": "Start the local API server",
+    "safety": "Safety",
+}
+
+
+def _named(keys: Any) -> str:
+    return ", ".join(LABELS.get(str(k), str(k).replace("_", " ")) for k in keys)
+
+
+def change_words(change: Any) -> str:
+    """What a save did, in sentences: "Saved. In use now: Hugging Face mirror." and what still waits."""
+    out = ["Saved."]
+    if change.applied:
+        out.append(f"In use now: {_named(change.applied)}.")
+    if change.restarted:
+        out.append(f"Restarted with the new values: {', '.join(change.restarted)}.")
+    if change.failed:
+        out.append("Could not restart: " + "; ".join(f"{k} ({v})" for k, v in change.failed.items()) + ".")
+    if change.needs_server_restart:
+        out.append(
+            f"Takes effect when the server restarts (Server page): {_named(change.needs_server_restart)}."
+        )
+    if change.not_applied:
+        out.append(f"Kept, but no engine uses it yet: {_named(change.not_applied)}.")
+    return " ".join(out) if len(out) > 1 else "Saved: nothing changed."
 
 
 def default_judge() -> KnownJudge:
@@ -49,7 +87,7 @@ class SettingsPage(Page):
     title = "Settings"
     hint = "Changes are saved to settings.json in the data folder and apply at once where they can."
 
-    def __init__(self, desk: Any) -> None:
+    def __init__(self, desk: Desk) -> None:
         super().__init__(desk)
         s = desk.runtime.settings
         # the fields scroll below the title: the page's full height must not set the window's smallest
@@ -76,8 +114,9 @@ class SettingsPage(Page):
         self.ttl.setSpecialValueText("never unload")
         self.ttl.setValue(s.idle_ttl_s)
         self.max_lanes = QSpinBox()
-        self.max_lanes.setRange(1, 16)
-        self.max_lanes.setValue(s.max_loaded_lanes)
+        self.max_lanes.setRange(0, 16)
+        self.max_lanes.setSpecialValueText("automatic")  # 0: one, or as many as memory holds (residency)
+        self.max_lanes.setValue(s.max_loaded_lanes or 0)
         self.endpoint = QLineEdit(s.hf_endpoint or "")
         self.hub_in_use = QLabel("")
         self.show_hub()
@@ -96,8 +135,9 @@ class SettingsPage(Page):
         form.addRow("Default context", self.ctx)
         form.addRow("Unload idle models after", self.ttl)
         form.addRow("Models loaded at once", self.max_lanes)
-        form.addRow("Hugging Face mirror", self.endpoint)
-        form.addRow("", self.hub_in_use)
+        # rows that share a line where they can: at 1024x640 the whole page fits without a scrollbar (a
+        # scrollbar whose handle filled its track read as a second, nested one)
+        form.addRow("Hugging Face mirror", _side_by_side(self.endpoint, self.hub_in_use))
         form.addRow("Proxy", self.proxy)
         self.theme = QComboBox()
         self.theme.addItems(["system", "light", "dark"])
@@ -105,8 +145,7 @@ class SettingsPage(Page):
         self.theme.currentTextChanged.connect(self.set_theme)
         self.theme.setMaximumWidth(220)
         form.addRow("Theme", self.theme)
-        form.addRow("", self.start_server)
-        form.addRow("", self.login)
+        form.addRow("", _side_by_side(self.start_server, self.login, fill_first=False))
         self._safety_rows(form, s.policy)
         self.body.addLayout(form)
         self.save_btn = QPushButton("Save settings")
@@ -162,8 +201,7 @@ class SettingsPage(Page):
         judges = ", ".join(str(j.get("model")) for j in policy.get("judges", []) if isinstance(j, dict))
         self.safety_judges = QLabel(f"Judges: {judges}" if judges else NO_JUDGE)
         self.safety_judges.setWordWrap(True)
-        form.addRow(QLabel("<b>Safety</b>"))
-        form.addRow("", self.safety_on)
+        form.addRow(QLabel("<b>Safety</b>"), self.safety_on)
         form.addRow("Judge each", self.safety_judge)
         form.addRow("When no judge answers, fail", self.safety_fail)
         form.addRow("Controversial counts as", self.safety_controversial)
@@ -199,7 +237,7 @@ class SettingsPage(Page):
             "models_dirs": dirs,
             "ctx_size": self.ctx.value(),
             "idle_ttl_s": float(self.ttl.value()),
-            "max_loaded_lanes": self.max_lanes.value(),
+            "max_loaded_lanes": self.max_lanes.value() or None,
             "hf_endpoint": self.endpoint.text().strip() or None,
             "hf_proxy": self.proxy.text().strip() or None,
             "start_server_with_app": self.start_server.isChecked(),
@@ -248,9 +286,7 @@ class SettingsPage(Page):
     async def _apply(self, changed: dict[str, Any]) -> None:
         change = await self.desk.runtime.change_settings(changed)
         self.show_hub()
-        waits = change.needs_server_restart
-        tail = f" Restart the server for: {', '.join(waits)}." if waits else ""
-        self.saved.setText(f"Saved and applied ({change.note()}).{tail}")
+        self.saved.setText(change_words(change))
 
     def set_theme(self, choice: str) -> None:
         """Applies at once; kept in ui.json."""
@@ -284,3 +320,17 @@ class SettingsPage(Page):
             self.token_state.setText(f"Token: saved ({getattr(where, 'where', where)})")
 
         return self.desk.spawn(store(), disable=[self.token_btn], report=self.report)
+
+
+def _side_by_side(first: QWidget, second: QWidget, *, fill_first: bool = True) -> QWidget:
+    """Two widgets on one form row: the first takes the room left (a field), or both keep to the left (two
+    check boxes)."""
+    row = QWidget()
+    lay = QHBoxLayout(row)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.addWidget(first, 1 if fill_first else 0)
+    lay.addSpacing(0 if fill_first else 24)
+    lay.addWidget(second)
+    if not fill_first:
+        lay.addStretch(1)
+    return row

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QGridLayout,
@@ -34,7 +35,8 @@ from app.core.settings_file import update_settings
 from app.core.speculation import KNOBS, NGRAM_DEFAULT, SPEC_TYPES, adapters_of, speculation_of
 from app.library.pairing import ADAPTER_KIND, Pairings, pairings
 from app.routing.engines import LANES
-from app.ui.pages.tune_spec import NOTES, AdapterList, KnobsPage
+from app.ui.pages.tune_spec import NOTES, SPEC_LABELS, AdapterList, KnobsPage
+from app.ui.theme import tone
 
 if TYPE_CHECKING:
     from app.ui.context import Desk
@@ -71,10 +73,15 @@ class TunePanel(QGroupBox):
         self.lane.setToolTip("Pin: always run this model on one lane (refused if that lane cannot run it)")
         self.lane.activated.connect(lambda _: self.pin(self.lane.currentData()))
         self.spec = QComboBox()
-        self.spec.addItems(list(SPEC_TYPES))
+        for kind in SPEC_TYPES:  # words a person knows; the engine's type name is the item's tooltip
+            self.spec.addItem(SPEC_LABELS.get(kind, kind), kind)
+            self.spec.setItemData(
+                self.spec.count() - 1, f"llama.cpp type: {kind}", Qt.ItemDataRole.ToolTipRole
+            )
+        self.spec.setAccessibleName("Speculation")
         self.spec.setToolTip(
-            "Speculative decoding (llama.cpp): ngram pays on output that repeats its context; draft uses "
-            "a smaller model with the same tokenizer"
+            "Faster replies by guessing ahead (speculative decoding, llama.cpp): Repeated text pays "
+            "on output that repeats its context; a smaller model with the same tokenizer can guess any text"
         )
         # one page of knobs per distinct knob list ("ngram" reads ngram_mod's); each type shows its own
         self.pages: dict[str, KnobsPage] = {}
@@ -152,7 +159,7 @@ class TunePanel(QGroupBox):
         }
 
     def _speculative(self) -> dict[str, Any]:
-        kind = self.spec.currentText()
+        kind = str(self.spec.currentData())
         return {"type": kind, **self.pages[kind].knobs()}
 
     def changed(self) -> dict[str, Any]:
@@ -160,19 +167,25 @@ class TunePanel(QGroupBox):
         return {k: v for k, v in self.values().items() if v != self._shown.get(k)}
 
     def _spec_changed(self) -> None:
-        self.stack.setCurrentWidget(self.pages[self.spec.currentText()])
+        self.stack.setCurrentWidget(self.pages[str(self.spec.currentData())])
         self.recompute()
 
     def show_model(self, model_id: str | None) -> None:
         for task in (self._task, self.pairing):  # a result for the model shown before must not land
             if task is not None and not task.done():
                 task.cancel()
+        why = None
         if model_id is not None and (why := self._adapter_note(model_id)) is not None:
             model_id = None
             self.verdict.setText(why)
         self.model = model_id
         self.setEnabled(model_id is not None)
+        # the pane names the model it sets up: it can never seem to belong to another row
+        self.setTitle(f"Settings for {model_id}" if model_id else "Settings for the selected model")
         if model_id is None:
+            if why is None:  # nothing selected (or the model was deleted): nothing of the last one stays
+                self.verdict.setText("Select a model to see how its settings fit.")
+                self.result = None
             return
         s = self.desk.runtime.settings
         over = _overrides(self.desk).get(model_id, {})
@@ -230,7 +243,7 @@ class TunePanel(QGroupBox):
         self.pages["draft"].show_drafts(named if kind == "draft" else None, None)
         for w in quiet:
             w.blockSignals(False)
-        self.spec.setCurrentText(kind)
+        self.spec.setCurrentIndex(max(self.spec.findData(kind), 0))
         self.stack.setCurrentWidget(self.pages[kind])
 
     async def _pair(self, mid: str, spec: Any, lora: Any) -> None:
@@ -278,7 +291,7 @@ class TunePanel(QGroupBox):
             if named in choices.refused:
                 return f"the draft {named} is refused ({choices.refused[named]}); choose another draft"
             if named is None and choices.proposed is None:
-                return f"no draft model qualifies ({choices.reason}); choose an n-gram type instead"
+                return f"no draft model qualifies ({choices.reason}); choose Repeated text instead"
         return None
 
     def recompute(self) -> asyncio.Task[Any] | None:
@@ -297,7 +310,7 @@ class TunePanel(QGroupBox):
     async def _compute(self, mid: str, values: dict[str, Any]) -> None:
         if (problem := self.problem(values)) is not None:
             self.result = {"values": values, "fit": None, "before": None, "problem": problem, "refused": True}
-            self.verdict.setText(f"<span style='color:#c62828'>Cannot be applied</span>: {problem}.")
+            self.verdict.setText(f"<span style='color:{tone('error')}'>Cannot be applied</span>: {problem}.")
             return
         rt = self.desk.runtime
         found = await rt.explain(mid, overrides=values)
@@ -310,10 +323,11 @@ class TunePanel(QGroupBox):
         if fit is None:
             self.verdict.setText(found.fit_problem or "no memory estimate for this model")
         elif fit["fits"]:
-            self.verdict.setText(f"<span style='color:#2e7d32'>Fits</span>: {fit['summary']}{was}")
+            self.verdict.setText(f"<span style='color:{tone('ok')}'>Fits</span>: {fit['summary']}{was}")
         else:
             self.verdict.setText(
-                f"<span style='color:#c62828'>Does not fit</span>: {fit['summary']}. {_largest(fit)}{was}"
+                f"<span style='color:{tone('error')}'>Does not fit</span>: "
+                f"{fit['summary']}. {_largest(fit)}{was}"
             )
 
     def pin(self, lane: str | None) -> asyncio.Task[Any] | None:

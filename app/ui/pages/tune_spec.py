@@ -31,6 +31,7 @@ from app.core.speculation import (
     Adapter,
 )
 from app.library.pairing import AdapterChoice, DraftChoices
+from app.ui.theme import tone
 
 _TIP = Qt.ItemDataRole.ToolTipRole
 # each knob's label and tooltip (its range is added from speculation.py)
@@ -47,6 +48,17 @@ _LABELS = {
         "max_temperature: above this temperature a draft's guesses are mostly refused; kept with the "
         "model's settings (requests are not yet steered by it)",
     ),
+}
+# each speculative type in words a person knows; the engine's own name is the item's tooltip
+SPEC_LABELS = {
+    "off": "Off",
+    "ngram": "Repeated text",
+    "ngram_simple": "Repeated text, simple",
+    "ngram_map_k": "Repeated text, keyed",
+    "ngram_map_k4v": "Repeated text, keyed x4",
+    "ngram_mod": "Repeated text, rolling",
+    "ngram_cache": "Repeated text, cache",
+    "draft": "Smaller model guesses",
 }
 # what a type does, under its knobs (tune.py builds one page per distinct knob list)
 NOTES = {
@@ -160,10 +172,12 @@ class KnobsPage(QWidget):
             self.note.setText("Checking which models share this model's tokenizer…")
         else:
             if choices.proposed is not None:
-                box.addItem(f"{choices.proposed} (proposed)", None)
+                smaller = _smaller(choices, choices.proposed)
+                box.addItem(f"{choices.proposed} (proposed{', ' + smaller if smaller else ''})", None)
                 box.setItemData(0, f"The library's proposal: {choices.reason}", _TIP)
             for other in choices.others:
-                box.addItem(other, other)
+                smaller = _smaller(choices, other)
+                box.addItem(f"{other} ({smaller})" if smaller else other, other)
             for bad, why in choices.refused.items():
                 box.addItem(f"{bad} (refused)", bad)
                 box.setItemData(box.count() - 1, why, _TIP)
@@ -179,10 +193,35 @@ class KnobsPage(QWidget):
         if named in choices.refused:
             return f"{named} is refused: {choices.refused[named]}."
         if named is not None:
-            return f"{named} shares this model's tokenizer."
+            return f"{named} shares this model's tokenizer. {effect(choices, named)}"
         if choices.proposed is None:
             return f"None qualifies: {choices.reason}."
-        return f"Proposed: {choices.proposed}, the smallest model in the library with this tokenizer."
+        return (
+            f"Proposed: {choices.proposed}, the smallest model in the library with this tokenizer. "
+            f"{effect(choices, choices.proposed)}"
+        )
+
+
+def _smaller(choices: DraftChoices, draft: str) -> str:
+    ratio = choices.ratios.get(draft)
+    return f"{ratio:.0f}x smaller" if ratio is not None and ratio >= 2 else ""
+
+
+def effect(choices: DraftChoices, draft: str) -> str:
+    """What the draft is expected to do to reply speed, from how much smaller than the model it is."""
+    ratio = choices.ratios.get(draft)
+    if ratio is None:
+        return ""
+    cost = 100 / ratio
+    if ratio < 4:  # a guess costs a third of a model step or more: little left to gain
+        return (
+            f"Each of its guesses costs about {cost:.0f} % of one of this model's steps: expect little gain, "
+            "or slower replies when guesses are refused."
+        )
+    return (
+        f"Each of its guesses costs about {cost:.0f} % of one of this model's steps: replies come faster "
+        "when most guesses are accepted (code, quoting, predictable text), up to about twice as fast."
+    )
 
 
 class AdapterRow:
@@ -210,7 +249,7 @@ class AdapterRow:
         if problem is None:
             self.note.setText("pairs with this model")
         else:
-            self.note.setText(f"<span style='color:#c62828'>no longer pairs</span>: {problem}")
+            self.note.setText(f"<span style='color:{tone('error')}'>no longer pairs</span>: {problem}")
 
 
 class AdapterList(QScrollArea):

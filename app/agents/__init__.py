@@ -1,0 +1,1 @@
+"""Coding agents pointed at this server (`switchyard launch`): pure plans, no I/O but what the caller does."""

@@ -1,0 +1,253 @@
+"""The vLLM and SGLang lanes (NVIDIA GPUs): their command lines, environment and memory share.
+
+The share comes from app/fit/gpu_share.py: the memory flag (vLLM --gpu-memory-utilization, SGLang
+--mem-fraction-static) is derived from the plan so two GPU lanes can share one card; the context length,
+the batch and sequence limits and the KV dtype are pinned to what the plan assumed. Tensor parallel spans
+as many NVIDIA cards as the model's attention and KV heads allow. Nothing here runs without a CUDA GPU:
+bench/gpu_check.py starts both for real where one is present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.core.errors import EngineUnavailableError
+from app.core.frozen import module_argv
+from app.core.paths import Paths
+from app.core.settings import Settings
+from app.fit.gpu_share import Engine, plan_gpu_share, valid_tensor_parallel
+from app.formats.safetensors_meta import SafetensorsModel
+from app.hardware.model import GPUInfo, Hardware
+from app.lanes.engines.kind import engine_process_env, engine_python, files_footprint, find_binary
+from app.lanes.engines.plan import ApiStyle, LaunchPlan, StartContext
+from app.lanes.engines.python_kind import PythonEngineKind
+from app.lanes.install.containers import engine_in_container, load_images
+from app.lanes.install.runtimes import PACKAGE, choose_engine_runtime, engine_install
+from app.lanes.proc import settings_env
+from app.lanes.residency import Footprint
+from app.library.model import ModelEntry
+from app.routing.model import LaneInstall
+from app.routing.traits import CUDA_MIN_CC
+
+DEFAULT_MAX_LEN_CAP = 32768  # the window asked for when none is set: long enough, and KV stays bounded
+
+
+@dataclass(frozen=True)
+class CudaParams:
+    model_path: str
+    served_name: str
+    engine: str
+    max_model_len: int
+    tensor_parallel: int
+    gpus: tuple[int, ...]
+    fraction: float
+    extra_args: tuple[str, ...]
+
+
+def nvidia_cards(hardware: Hardware | None) -> list[GPUInfo]:
+    return [g for g in (hardware.gpus if hardware else ()) if g.vendor == "nvidia" and g.memory_total]
+
+
+def _cc(gpu: GPUInfo) -> tuple[int, int]:
+    try:
+        major, minor = (gpu.compute_capability or "0.0").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def cuda_refusal(hardware: Hardware | None) -> str | None:
+    if hardware is None:
+        return "the hardware was not probed (plan_memory is off), and the GPU share needs the card's size"
+    cards = nvidia_cards(hardware)
+    if not cards:
+        return "it needs an NVIDIA GPU with CUDA, and none was found"
+    if all(_cc(g) < CUDA_MIN_CC for g in cards):
+        return f"it needs compute capability {CUDA_MIN_CC[0]}.{CUDA_MIN_CC[1]} or newer (Volta)"
+    return None
+
+
+def max_model_len(model: SafetensorsModel, settings: Settings, model_id: str) -> int:
+    asked = int(settings.override(model_id, "ctx_size", settings.ctx_size))
+    if asked:
+        return asked
+    return min(model.config.max_position_embeddings or 8192, DEFAULT_MAX_LEN_CAP)
+
+
+def cuda_plan(
+    model: SafetensorsModel,
+    *,
+    engine: str,
+    model_id: str,
+    settings: Settings,
+    hardware: Hardware,
+    port: int,
+    ppid: int,
+    used: Mapping[str, int] | None = None,
+    executable: str | None = None,
+) -> LaunchPlan:
+    """The command for `model` on vLLM or SGLang. Raises GPUShareRefused (a ModelTooLargeError) with the
+    numbers when the card cannot hold it next to what other lanes were promised."""
+    cards = sorted(nvidia_cards(hardware), key=lambda g: -(g.memory_total or 0))
+    cards = [g for g in cards if _cc(g) >= CUDA_MIN_CC]
+    if not cards or model.path is None:
+        raise EngineUnavailableError(f"cannot start {model_id!r} on {engine}: {cuda_refusal(hardware)}")
+    tp = valid_tensor_parallel(model, len(cards))
+    group = cards[:tp]
+    gpu = min(group, key=lambda g: g.memory_total or 0)  # the smallest card of the group bounds the share
+    promised = max((used or {}).get(f"GPU{g.index}", 0) for g in group)
+    length = max_model_len(model, settings, model_id)
+    share = plan_gpu_share(
+        model,
+        gpu,
+        engine="vllm" if engine == "vllm" else "sglang",
+        max_model_len=length,
+        reserved_by_others=min(0.99, promised / (gpu.memory_total or 1)),
+        reserved_for="the GPU lanes already loaded",
+        tensor_parallel=tp,
+        # KV for `parallel` full-length requests, not the whole card: what leaves room for a second lane
+        concurrency=int(settings.override(model_id, "parallel", settings.parallel)),
+        foreign_used=0,
+        name=model_id,
+    )
+    extra = tuple(shlex.split(settings.vllm_extra_args if engine == "vllm" else settings.sglang_extra_args))
+    head: list[str]
+    if engine == "vllm":
+        head = [executable or "vllm", "serve", str(model.path), "--served-model-name", model_id]
+    else:
+        head = [executable or sys.executable, "-m", "sglang.launch_server", "--model-path", str(model.path)]
+        head += ["--served-model-name", model_id]
+    argv = [*module_argv("app.lanes.guard"), str(ppid), "--", *head]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *share.argv, *extra]
+    env = settings_env(settings, kind=engine)
+    # NVML's order is PCI order; make CUDA count the same way so the indexes we plan on are the ones used
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in group)
+    env["HF_HUB_OFFLINE"] = "1"  # the model is a local folder; nothing to fetch
+    env["VLLM_NO_USAGE_STATS"] = env["DO_NOT_TRACK"] = "1"
+    params = CudaParams(
+        model_path=str(model.path),
+        served_name=model_id,
+        engine=engine,
+        max_model_len=length,
+        tensor_parallel=tp,
+        gpus=tuple(g.index for g in group),
+        fraction=share.fraction,
+        extra_args=extra,
+    )
+    devices = [{"device": f"GPU{g.index}", "total": share.card_bytes} for g in group]
+    prediction = {
+        "placement": f"{engine} share",
+        "devices": devices,
+        "total": share.card_bytes * tp,
+        "share": share.public(),
+    }
+    return LaunchPlan(
+        runtime=engine,
+        argv=tuple(argv),
+        env=env,
+        health_path="/health",
+        port=port,
+        params=params,
+        engine=engine,
+        api=ApiStyle.OPENAI,
+        memory="fraction",
+        prediction=prediction,
+        notes=share.notes,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaKind(PythonEngineKind):
+    """vLLM or SGLang: a Python package in its own engine environment (the base's install and refusal),
+    started as the engine's own server with a GPU share planned beside the other GPU lanes, so `build`
+    needs the hardware and what is promised already, which the base's `launch` does not get."""
+
+    def install(self, settings: Settings) -> LaneInstall:
+        # the package, else (runtime auto, docker or podman) the upstream image (lanes/install/runtimes.py)
+        return engine_install(self.lane, settings, package=super().install(settings))
+
+    def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
+        return super().start_refusal(settings, hardware) or cuda_refusal(hardware)
+
+    def predict(
+        self, entry: ModelEntry, settings: Settings, *, hardware: Hardware, used: Mapping[str, int] | None
+    ) -> Footprint | None:
+        """A side model (embeddings, a reranker) guessed at its files' size; a share is known by its plan."""
+        return files_footprint(entry) if entry.kind in ("embedding", "rerank") else None
+
+    def build(self, entry: ModelEntry, settings: Settings, start: StartContext) -> LaunchPlan:
+        hardware, free_port, ppid, used = start.hardware, start.port, start.ppid, start.used
+        refusal = self.start_refusal(settings, hardware)
+        if refusal or hardware is None:
+            raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {refusal}")
+        fmt = entry.model_format()
+        if not isinstance(fmt.facts, SafetensorsModel):
+            raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
+        package = super().install(settings)
+        choice = choose_engine_runtime(self.lane, settings, package=package, hardware=hardware)
+        if choice.runtime is None:
+            raise EngineUnavailableError(f"cannot start {entry.id!r} on {self.lane}: {choice.refusal()}")
+
+        def plan_with(executable: str | None = None) -> LaunchPlan:
+            assert isinstance(fmt.facts, SafetensorsModel)
+            return cuda_plan(
+                fmt.facts,
+                engine=self.lane,
+                model_id=entry.id,
+                settings=settings,
+                hardware=hardware,
+                port=free_port,
+                ppid=ppid,
+                used=used,
+                executable=executable,
+            )
+
+        if choice.runtime != PACKAGE and choice.build is not None:  # the upstream image
+            return engine_in_container(
+                plan_with(),
+                cli=choice.runtime,
+                image=load_images()[self.lane],
+                build=choice.build,
+                model_id=entry.id,
+                model_path=entry.path,
+                home=Paths.from_env().home,
+                ppid=ppid,
+                engine_env=settings.engine_env.get(self.lane),
+            )
+        # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
+        engine = engine_python(self.lane, self.module, self.dist())
+        python = engine.python if engine and engine.managed else sys.executable
+        exe: str | None = python  # SGLang: python -m sglang.launch_server
+        if self.lane == "vllm":
+            beside = Path(python).with_name("vllm")
+            exe = str(beside) if beside.is_file() else find_binary("vllm", None)
+        plan = plan_with(exe)
+        return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
+
+
+def _cuda_kind(lane: str, title: str) -> CudaKind:
+    return CudaKind(
+        lane=lane,
+        title=title,
+        runtime=lane,
+        module=lane,
+        dists=(lane,),
+        hint=f"switchyard engine install {lane} or pip install {lane} (Linux, NVIDIA GPU)",
+        formats=frozenset({"safetensors"}),
+        offers=frozenset({"chat", "completions", "tools"}),
+        memory="fraction",
+        setting_keys=(f"{lane}_extra_args",),
+        install_estimate_s=600,
+    )
+
+
+VLLM = _cuda_kind("vllm", "vLLM")
+SGLANG = _cuda_kind("sglang", "SGLang")
+# the kinds whose memory is a share of the card (app/fit/gpu_share.py models each), as explain shows them
+SHARE_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")

@@ -1,0 +1,40 @@
+"""The whisper.cpp lane: a ggml whisper model behind `POST /v1/audio/transcriptions` and `/translations`.
+
+pywhispercpp has no server; our worker (app/lanes/workers/whisper.py) hosts its `Model` and speaks OpenAI's
+multipart shape. Only local ggml `.bin` files are loaded (given a name, pywhispercpp would try to
+download one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.core.settings import Settings
+from app.hardware.cpu import usable_cores
+from app.lanes.engines.python_kind import PythonEngineKind
+from app.lanes.workers.params import WhisperParams
+from app.library.model import ModelEntry
+
+INSTALL_HINT = "switchyard engine install whisper.cpp (or pip install pywhispercpp)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhisperKind(PythonEngineKind):
+    def worker_params(self, entry: ModelEntry, settings: Settings) -> WhisperParams:
+        threads = settings.threads or usable_cores()
+        return WhisperParams(model_path=str(entry.path), alias=entry.id, threads=threads)
+
+
+WHISPER = WhisperKind(
+    lane="whisper.cpp",
+    title="whisper.cpp",
+    runtime="pywhispercpp",
+    module="pywhispercpp",
+    dists=("pywhispercpp",),
+    hint=INSTALL_HINT,
+    formats=frozenset({"whisper-ggml"}),
+    offers=frozenset({"transcription", "translation"}),
+    memory="fixed",  # the ggml file plus a compute buffer of tens of MB (whisper.cpp logs both)
+    worker="app.lanes.workers.whisper",
+    install_estimate_s=60,
+)

@@ -1,0 +1,1 @@
+"""Engines in their own environments: the manifest, installs as jobs, runtimes, releases, containers."""

@@ -1,0 +1,1 @@
+"""Remote lanes: OpenAI-compatible endpoints on other machines, served through the gateway like local ones."""

@@ -1,0 +1,1 @@
+"""The Ollama surface (surface.py): its client API and its model management."""

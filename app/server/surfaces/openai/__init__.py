@@ -1,0 +1,1 @@
+"""The OpenAI surface (surface.py): chat, completions, embeddings, audio, images, rerank."""

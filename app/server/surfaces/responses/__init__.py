@@ -1,0 +1,1 @@
+"""The OpenAI Responses surface (surface.py), its tools and the `mcp` tool."""

@@ -1,0 +1,297 @@
+"""Run under the Windows CPython (tests/windows/test_wine_platform.py): the platform module, the state
+files and their locks, an engine's process tree, the hardware probe, as Windows code.
+
+One JSON line per check: {"check": NAME, "ok": bool, "detail": ...}; {"wine": REASON} marks a result
+that is wine's limit and not Windows' behaviour. Checks run in one process (a python.exe start costs
+seconds under wine) and each catches its own failure, so one broken check does not hide the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+CHECKS: list[tuple[str, Callable[[Path], object]]] = []
+
+
+def check(fn: Callable[[Path], object]) -> Callable[[Path], object]:
+    CHECKS.append((fn.__name__, fn))
+    return fn
+
+
+class Wine(Exception):
+    """The check met a limit of wine, not of Windows (the message says which)."""
+
+
+@check
+def data_home_is_local_appdata(tmp: Path) -> object:
+    from app.core.paths import Paths
+    from app.core.platform.home import data_home
+
+    local = tmp / "Local AppData with spaces"
+    home = Paths.from_env({"LOCALAPPDATA": str(local)}).home
+    assert home == local / "Switchyard", home
+    assert data_home({"LOCALAPPDATA": str(local)}) == home
+    return str(home)
+
+
+@check
+def lock_excludes_a_second_descriptor(tmp: Path) -> object:
+    from app.core.platform import locks
+
+    path = tmp / "x.lock"
+    a = os.open(path, os.O_RDWR | os.O_CREAT)
+    b = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        locks.lock(a)
+        try:
+            locks.lock(b, wait=False)
+        except BlockingIOError:
+            pass
+        else:
+            raise AssertionError("a second descriptor took a held lock")
+        locks.unlock(a)
+        locks.lock(b, wait=False)
+        locks.unlock(b)
+    finally:
+        os.close(a)
+        os.close(b)
+    return "held lock refused, freed lock taken"
+
+
+@check
+def statefile_updates_from_threads_are_not_lost(tmp: Path) -> object:
+    from app.core import statefile
+
+    path = tmp / "count.json"
+
+    def bump() -> None:
+        for _ in range(25):
+            statefile.update(path, lambda doc: {"n": (doc or {"n": 0})["n"] + 1})
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    doc = json.loads(path.read_text())
+    assert doc == {"n": 100}, doc
+    return doc
+
+
+@check
+def atomic_write_survives_an_open_reader(tmp: Path) -> object:
+    """A reader holds the old file open (no FILE_SHARE_DELETE) while the state file is replaced."""
+    from app.core import statefile
+
+    path = tmp / "settings with spaces.json"
+    statefile.write_atomic(path, '{"v": 1}\n')
+    holder = open(path, encoding="utf-8")  # Python opens without FILE_SHARE_DELETE: rename over it fails
+    timer = threading.Timer(0.5, holder.close)
+    timer.start()
+    started = time.monotonic()
+    statefile.write_atomic(path, '{"v": 2}\n')
+    waited = time.monotonic() - started
+    timer.join()
+    assert json.loads(path.read_text()) == {"v": 2}
+    leftovers = [p.name for p in tmp.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+    return {"waited_s": round(waited, 2)}
+
+
+@check
+def long_paths_and_spaces(tmp: Path) -> object:
+    from app.core import statefile
+
+    deep = tmp.joinpath(*["a folder with spaces " + "x" * 40] * 6)  # past MAX_PATH (260)
+    path = deep / "state.json"
+    try:
+        statefile.update(path, lambda _doc: {"ok": True})
+    except OSError as exc:
+        raise AssertionError(f"{len(str(path))} characters: {exc}") from exc
+    return {"chars": len(str(path))}
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    from app.core.platform.procs import pid_alive
+
+    deadline = time.monotonic() + seconds
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+_TREE = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@check
+def an_engine_tree_is_ended_whole(tmp: Path) -> object:
+    """EngineProcess puts the engine in a Job Object; terminate ends it and what it started, at once."""
+    from app.core.platform.procs import pid_alive
+    from app.lanes.proc import EngineProcess, LogRing
+
+    async def go() -> dict[str, object]:
+        ring = LogRing(max_lines=50, file=None)
+        env = dict(os.environ)
+        engine = await EngineProcess.spawn(
+            (sys.executable, "-c", _TREE), env=env, ring=ring, on_port=lambda _p: None
+        )
+        deadline = time.monotonic() + 60
+        while not any(line.strip().isdigit() for line in ring.lines):
+            assert time.monotonic() < deadline, list(ring.lines)
+            await asyncio.sleep(0.1)
+        grandchild = int(next(line for line in ring.lines if line.strip().isdigit()))
+        assert pid_alive(grandchild) and pid_alive(engine.pid)
+        started = time.monotonic()
+        await engine.terminate(grace=10)
+        took = time.monotonic() - started
+        assert await asyncio.to_thread(gone_within, grandchild, 5), "the engine's child outlived the stop"
+        assert not pid_alive(engine.pid)
+        # no console under wine: Ctrl-Break cannot be delivered, so the job is ended without a grace wait
+        assert took < 5, f"terminate took {took:.1f} s"
+        return {"terminate_s": round(took, 2)}
+
+    return asyncio.run(go())
+
+
+@check
+def job_close_kills_what_is_left(tmp: Path) -> object:
+    """The kill-on-close limit: closing the last handle (what the server's death does) ends the tree."""
+    import subprocess
+
+    from app.core.platform.jobs import Job
+    from app.core.platform.procs import spawn_options
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _TREE],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        **spawn_options(),
+    )
+    job = Job.create()
+    job.add(child.pid)
+    grandchild = int(child.stdout.readline())  # type: ignore[union-attr]
+    active = job.active_processes()
+    job.close()
+    child.wait(timeout=10)
+    assert gone_within(grandchild, 5), "a process of the job outlived the job's last handle"
+    return {"active_before_close": active}
+
+
+@check
+def pid_alive_does_not_kill(tmp: Path) -> object:
+    import subprocess
+
+    from app.core.platform.procs import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(3):
+            assert pid_alive(child.pid)
+        time.sleep(0.2)
+        assert child.poll() is None, "checking a pid ended the process (os.kill(pid, 0) on Windows does)"
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_alive(child.pid)
+    return "ok"
+
+
+@check
+def stop_signals_on_a_proactor_loop(tmp: Path) -> object:
+    import signal
+
+    from app.core.platform.signals import on_stop_signals, stop_signals
+
+    assert stop_signals() == (signal.SIGBREAK, signal.SIGINT), stop_signals()
+
+    async def go() -> tuple[str, ...]:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        handled = on_stop_signals(loop, stop.set)
+        signal.raise_signal(signal.SIGINT)  # as Ctrl-C does
+        await asyncio.wait_for(stop.wait(), 5)
+        return tuple(s.name for s in handled)
+
+    return asyncio.run(go())
+
+
+@check
+def hardware_probe_degrades_to_unknown(tmp: Path) -> object:
+    """No crash where Windows (or wine) lacks a counter: the fact is None. Under wine psutil cannot read
+    the page file (no performance counters), which was a crash of `serve` at start."""
+    from app.core.events import EventBus
+    from app.hardware.monitor import Monitor
+    from app.hardware.probe import probe
+
+    hw = probe(engine=False, sysfs_root=tmp / "no-sysfs")
+    assert hw.memory.total > 0
+    monitor = Monitor(EventBus(), sysfs_root=None)
+    sample = monitor.sample()
+    sample = monitor.sample()  # the second one has a CPU percentage
+    assert sample["ram_total"] > 0
+    return {
+        "swap_total": hw.memory.swap_total,
+        "swap_used": sample["swap_used"],
+        "cpu": sample["cpu_percent"],
+    }
+
+
+@check
+def port_owner_never_raises(tmp: Path) -> object:
+    import socket
+
+    from app.core.platform.ports import port_owner
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        owner = port_owner(s.getsockname()[1])
+    return {"owner": owner}
+
+
+def main() -> int:
+    root = Path(tempfile.mkdtemp(prefix="sy win checks "))
+    wanted = set(sys.argv[1:])
+    for name, fn in CHECKS:
+        if wanted and name not in wanted:
+            continue
+        tmp = root / name
+        tmp.mkdir()
+        started = time.monotonic()
+        try:
+            detail = fn(tmp)
+            line: dict[str, object] = {"check": name, "ok": True, "detail": detail}
+        except Wine as exc:
+            line = {"check": name, "ok": False, "wine": str(exc)}
+        except BaseException as exc:
+            line = {
+                "check": name,
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "trace": traceback.format_exc()[-2000:],
+            }
+        line["seconds"] = round(time.monotonic() - started, 2)
+        print(json.dumps(line, default=str), flush=True)
+    print(json.dumps({"done": True}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
