@@ -215,3 +215,21 @@ def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
 def test_the_files_still_naming_lanes_still_do() -> None:
     """Each exception is real: once a file stops naming lanes, it leaves STILL_NAMING."""
     assert {f: lane_names_in(REPO / f) != [] for f in STILL_NAMING} == dict.fromkeys(STILL_NAMING, True)
+
+
+def test_every_kind_with_a_worker_builds_its_params() -> None:
+    """PythonEngineKind.worker_params raises for a kind that names a worker and builds no params (a
+    programming error, never a user's): no registered kind may reach it."""
+    from app.lanes.engines.python_kind import PythonEngineKind
+    from app.lanes.engines.registry import KINDS
+
+    lacking = [
+        k.lane
+        for k in KINDS
+        if isinstance(k, PythonEngineKind)
+        and k.worker is not None
+        and type(k).worker_params is PythonEngineKind.worker_params
+    ]
+    with_worker = [k for k in KINDS if isinstance(k, PythonEngineKind) and k.worker is not None]
+    assert len(with_worker) >= 3  # piper, whisper.cpp, mistral.rs: the check sees them
+    assert not lacking, lacking
