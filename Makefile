@@ -68,7 +68,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy app
 
 pytest: $(STAMP) debian-deps
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m "not qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m "not qt and not serial$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS)
+	@# the tests that measure speed, alone on the machine (not beside the heavy tiers of the other worker);
+	@# exit 5 is "none selected" (PYTEST_ARGS naming other files)
+	$(PY) -m pytest -p no:xdist -q -m "serial and not qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	@# the Qt tests: one process per file (one QApplication each), as a native crash seen in one file
 	@# only after others had run in the same process must not take the rest down with it. A file whose
 	@# process dies of a signal (a native crash inside Qt/qasync, not a failed assertion: seen once in

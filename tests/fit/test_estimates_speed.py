@@ -31,6 +31,9 @@ from tests.conftest import ServerProcess, link_models, running_server
 from tests.fit.test_fit import machine
 from tests.support.tinymodels import LARGE, TinySpec, write_tiny_gguf
 
+# measured speeds calibrate predictions: taken while other tests load the machine, they disagree
+pytestmark = pytest.mark.serial
+
 # about 40 MiB: a second size that still reads enough per token for the bandwidth model to apply
 MID = TinySpec(n_embd=384, n_layer=6, n_head=6, n_head_kv=2, n_ff=1152, seed=4)
 ANSWERS = 7  # per model; the first after a load is not counted
