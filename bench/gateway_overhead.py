@@ -556,7 +556,7 @@ def plan_cases(args: argparse.Namespace) -> list[Case]:
 
 def write_models(models_dir: Path, names: set[str]) -> None:
     sys.path.insert(0, str(REPO))
-    from tests import tinymodels
+    from tests.support import tinymodels
 
     specs = {"large": tinymodels.LARGE, "medium": tinymodels.MEDIUM, "tiny": tinymodels.CHAT}
     for name in sorted(names):

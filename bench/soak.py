@@ -72,7 +72,7 @@ class Tally:
 
 def write_models(models_dir: Path) -> None:
     sys.path.insert(0, str(REPO))
-    from tests import tinymodels
+    from tests.support import tinymodels
 
     for i, name in enumerate(MODELS):
         spec = tinymodels.CHAT if i == 0 else tinymodels.MEDIUM
