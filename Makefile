@@ -7,8 +7,9 @@ STAMP  := $(VENV)/.installed
 # the desktop screenshot test: an X server, Qt's xcb needs, a tray host, a screen grabber
 DEBIAN_TEST_PACKAGES ?= xvfb libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0 libxcb-cursor0 trayer imagemagick xdotool
 # the Windows tier (tests/windows, scripts/wine-setup.sh): wine runs the Windows CPython; mingw-w64 builds
-# the one DLL wine 8.0 lacks; nsis builds the Windows installer (installers/windows/build-nsis.sh)
-DEBIAN_TEST_PACKAGES += wine wine64 libwine fonts-wine gcc-mingw-w64-x86-64 unzip nsis
+# the DLLs wine 8.0 lacks; nsis builds the Windows installer (installers/windows/build-nsis.sh); the
+# desktop drawn offscreen as Windows code reads its fonts from DejaVu's folder
+DEBIAN_TEST_PACKAGES += wine wine64 libwine fonts-wine gcc-mingw-w64-x86-64 unzip nsis fonts-dejavu-core
 # the dashboard in a real browser (tests/server/dashboard/test_browser.py); the SSRF test's network namespace (ip)
 DEBIAN_TEST_PACKAGES += chromium chromium-driver iproute2 util-linux
 PYTEST_ARGS ?=

@@ -25,7 +25,8 @@ report() {
 # scripts/wine/requirements.txt; a change to either is installed on the next run
 wanted=$(python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
     "$here/../pyproject.toml"; grep -v '^#' "$here/wine/requirements.txt")
-deps_stamp=$cache/.deps-$(printf '%s' "$wanted" | sha256sum | cut -c1-16)
+# the stand-in DLLs' sources count as wanted too: a changed or new one is built on the next run
+deps_stamp=$cache/.deps-$( (printf '%s' "$wanted"; cat "$here"/wine/*.c) | sha256sum | cut -c1-16)
 
 if [ -f "$stamp" ] && [ -f "$deps_stamp" ]; then
     report
@@ -40,13 +41,25 @@ if [ -f "$stamp" ] && [ -f "$deps_stamp" ]; then
     exit 0
 fi
 
+standin_dlls() {
+    # DLLs that Windows has and wine 8.0 lacks, each a small C file in scripts/wine/ built with mingw-w64 into
+    # the test prefix only (a real Windows loads its own): bcryptprimitives.dll for Rust-built wheels,
+    # icuuc.dll for Qt6Core
+    for src in "$here"/wine/*.c; do
+        echo "wine: the stand-in $(basename "${src%.c}").dll (mingw-w64)" >&2
+        x86_64-w64-mingw32-gcc -shared -O2 -o "$prefix/drive_c/windows/system32/$(basename "${src%.c}").dll" \
+            "$src" -ladvapi32
+    done
+}
+
 install_packages() {
+    standin_dlls
     printf '%s\n' "$wanted" >"$cache/requirements.txt"
     # python.exe under wine dies at start when a standard stream is a regular file: pipes (| cat) only
     env -u PIP_FIND_LINKS -u PIP_CERT -u PIP_DEFAULT_TIMEOUT PYTHONUTF8=1 \
         wine "$pydir/python.exe" -m pip install --disable-pip-version-check --no-input --progress-bar off \
         --only-binary :all: -r "$(winepath -w "$cache/requirements.txt")" </dev/null 2>&1 | cat >>"$log"
-    env PYTHONUTF8=1 wine "$pydir/python.exe" -c "import aiohttp, xllamacpp, psutil, keyring, gguf; print('ok')" \
+    env PYTHONUTF8=1 wine "$pydir/python.exe" -c "import aiohttp, xllamacpp, psutil, keyring, gguf, qasync; from PySide6 import QtWidgets; print('ok')" \
         </dev/null 2>&1 | cat >>"$log"
     tail -1 "$log" | grep -q '^ok' || { echo "wine: the Windows packages did not import; see $log" >&2; exit 1; }
     rm -f "$cache"/.deps-*
@@ -92,10 +105,6 @@ mv "$pydir/_wmi.pyd" "$pydir/_wmi.pyd.off"  # `platform` through WMI crashes win
 mkdir -p "$pydir/Lib/site-packages"
 unzip -q -o "$cache"/dl/pip-*.whl -d "$pydir/Lib/site-packages"
 cp "$here/wine/sitecustomize.py" "$pydir/Lib/site-packages/sitecustomize.py"
-
-echo "wine: the stand-in bcryptprimitives.dll (mingw-w64)" >&2
-x86_64-w64-mingw32-gcc -shared -O2 -o "$prefix/drive_c/windows/system32/bcryptprimitives.dll" \
-    "$here/wine/bcryptprimitives.c" -ladvapi32
 
 echo "wine: the project's win_amd64 wheels (a minute or two the first time)" >&2
 install_packages

@@ -66,10 +66,12 @@ def engine_env(
     extra: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """The environment an engine of lane `kind` starts with: the allow-listed part of `base` (default:
-    the server's environment), the names in `passed` (settings.engine_env_pass) copied from `base`, then
-    `extra[kind]` (settings.engine_env). A kind sets what its engine needs itself on top of this."""
+    the server's environment) over this OS's defaults (procs.engine_env_defaults), the names in `passed`
+    (settings.engine_env_pass) copied from `base`, then `extra[kind]` (settings.engine_env). A kind sets
+    what its engine needs itself on top of this."""
     src = os.environ if base is None else base
-    env = {name: value for name, value in src.items() if _allowed(name)}
+    env = procs.engine_env_defaults()
+    env.update((name, value) for name, value in src.items() if _allowed(name))
     for name in passed:  # the user's choice: passed even when it looks like a secret
         if name in src:
             env[name] = src[name]
@@ -153,11 +155,17 @@ class EngineProcess:
         ring: LogRing,
         on_port: Callable[[int], None],
         cwd: str | None = None,
+        stop_pipe: bool | None = None,
     ) -> EngineProcess:
+        """Start an engine in a group of its own. `stop_pipe` (default: this OS's way, see
+        procs.stop_by_pipe) gives it a standard input whose closing asks it to stop."""
+        pipe = procs.stop_by_pipe() if stop_pipe is None else stop_pipe
+        if pipe:
+            env = {**env, procs.STOP_PIPE_ENV: "1"}
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if pipe else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
@@ -236,14 +244,22 @@ class EngineProcess:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*self._readers, return_exceptions=True), wait_s)
 
+    def _close_stop_pipe(self) -> bool:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.is_closing():
+            return False
+        stdin.close()  # the worker reads end-of-file and leaves (parentwatch.watch_stop_pipe)
+        return True
+
     async def terminate(self, *, grace: float) -> int:
-        """Ask the group to stop (SIGTERM; Ctrl-Break on Windows), wait `grace` seconds, then kill the
-        group (SIGKILL; the Job Object ended on Windows). Returns the exit code. Where the ask cannot be
-        delivered (Windows without a console: wine, a service) the group is killed at once: the server
-        never waits on an engine's own teardown there (llama.cpp's took 107 s under wine)."""
+        """Ask the engine to stop (its stop pipe closed where it has one, else SIGTERM to the group, or
+        Ctrl-Break on Windows), wait `grace` seconds, then kill the group (SIGKILL; the Job Object ended on
+        Windows). Returns the exit code. Where no ask can be delivered (Windows without a console and no
+        stop pipe) the group is killed at once: the server never waits on an engine's own teardown there
+        (llama.cpp's took 107 s under wine)."""
         group = self.group or procs.ProcessGroup(self.proc.pid)
         if self.proc.returncode is None:
-            if not group.ask_to_stop():
+            if not (self._close_stop_pipe() or group.ask_to_stop()):
                 group.kill()
             try:
                 await asyncio.wait_for(self.proc.wait(), grace)

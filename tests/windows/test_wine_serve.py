@@ -7,6 +7,7 @@ command line names the llama.cpp worker module and this test's own models folder
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ class WineServe:
     proc: object
     url: str
     marker: str  # the models folder's name: in every worker's command line (its model's path)
+    env: dict[str, str]  # what serve was started with: the CLI finds it through the same home
     stderr: list[str] = field(default_factory=list)
 
     def engines(self) -> list[psutil.Process]:
@@ -73,7 +75,7 @@ def wine_serve(wine: WinePython, tmp_path: Path) -> Iterator[WineServe]:
         proc.kill()
         proc.wait()
         pytest.fail("serve under wine did not listen:\n" + "".join(stderr[-60:]))
-    served = WineServe(proc, url, marker, stderr)
+    served = WineServe(proc, url, marker, env, stderr)
     try:
         yield served
     finally:
@@ -86,7 +88,7 @@ def wine_serve(wine: WinePython, tmp_path: Path) -> Iterator[WineServe]:
 
 @pytest.mark.timeout(400)  # a cold Windows start under wine on a loaded machine: minutes, not seconds
 def test_a_linux_client_chats_with_windows_serve_and_a_hard_kill_leaves_no_engine(
-    wine_serve: WineServe,
+    wine: WinePython, wine_serve: WineServe
 ) -> None:
     client = openai.OpenAI(base_url=wine_serve.url + "/v1", api_key="unused", timeout=240, max_retries=0)
     started = time.monotonic()
@@ -110,11 +112,40 @@ def test_a_linux_client_chats_with_windows_serve_and_a_hard_kill_leaves_no_engin
 
     engines = wine_serve.engines()
     assert engines, "no llama.cpp worker process was seen while serve answered"
+
+    # the command line as Windows code finds the Windows server through the home's server.json
+    listed = json.loads(cli(wine, wine_serve, "ps", "--json"))
+    assert [(lane["model"], lane["state"]) for lane in listed["lanes"]] == [("tiny", "ready")], listed
+    before = {p.pid for p in engines}
+    cli(wine, wine_serve, "unload", "tiny")
+    stopped = time.monotonic()
+    _gone, alive = psutil.wait_procs(engines, timeout=30)
+    assert not alive, "the unloaded model's worker is still running"
+    unload_s = time.monotonic() - stopped
+    again = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=16,
+        extra_body={"grammar": GRAMMAR},
+    )
+    assert again.choices[0].message.content == "the answer is 42"
+    engines = wine_serve.engines()
+    assert engines and not {p.pid for p in engines} & before
+
     wine_serve.proc.kill()  # type: ignore[attr-defined]  # SIGKILL to python.exe: no cleanup code runs
     wine_serve.proc.wait()  # type: ignore[attr-defined]
     killed = time.monotonic()
     _gone, alive = psutil.wait_procs(engines, timeout=15)
     assert not alive, f"engines outlived the killed serve: {[p.pid for p in alive]}"
     print(
-        f"first answer {first_answer_s:.1f} s; engines gone {time.monotonic() - killed:.2f} s after the kill"
+        f"first answer {first_answer_s:.1f} s; unloaded worker gone {unload_s:.2f} s after `unload`; "
+        f"engines gone {time.monotonic() - killed:.2f} s after the kill"
     )
+
+
+def cli(wine: WinePython, served: WineServe, *args: str) -> str:
+    """`switchyard ARGS` as Windows code, with serve's home: its standard output, or the test fails."""
+    proc = wine.popen(["-m", "app", *args], env=served.env)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, f"switchyard {' '.join(args)} failed ({proc.returncode}): {err[-1500:]}"
+    return out

@@ -2,8 +2,9 @@
 
 POSIX: the engine leads a new session (its own process group); a stop is SIGTERM to the group, a kill
 SIGKILL to the group. Windows: the engine starts in a new process group (so Ctrl-Break reaches it and not
-us) and is put into a Job Object (jobs.py) at once; a stop is Ctrl-Break where a console carries it, a
-kill ends the job, and the server's death closes the job by itself.
+us) and is put into a Job Object (jobs.py) at once; a stop closes the engine's standard input (the stop
+pipe, which our workers watch) or sends Ctrl-Break where a console carries it, a kill ends the job, and the
+server's death closes the job by itself.
 """
 
 from __future__ import annotations
@@ -19,6 +20,25 @@ from app.core.platform.jobs import Job
 from app.core.platform.parent import SIGKILL, posix_alive, windows_alive
 
 SIGTERM = 15  # numbers, not signal.SIGKILL/SIGTERM: Windows' signal module lacks SIGKILL
+# set in an engine's environment when its standard input is the stop pipe (our workers watch it: see
+# app/lanes/parentwatch.py); foreign engines ignore both and are ended after the grace
+STOP_PIPE_ENV = "SWITCHYARD_STOP_PIPE"
+
+
+def engine_env_defaults() -> dict[str, str]:
+    """What every engine's environment holds unless the user set it otherwise. Windows: Python's UTF-8
+    mode, since an engine's standard streams are pipes there and take the ANSI code page (cp1252), where
+    printing a model's non-ASCII text (a prompt echoed in a log line) raised and ended the engine."""
+    if sys.platform == "win32":
+        return {"PYTHONUTF8": "1"}
+    return {}
+
+
+def stop_by_pipe() -> bool:
+    """Whether an engine is asked to stop by closing its standard input rather than by a signal. Windows:
+    Ctrl-Break reaches only a process group with a console, which a desktop app or a service lacks, and
+    no other signal asks; POSIX keeps SIGTERM, which every engine (ours or not) understands."""
+    return sys.platform == "win32"
 
 
 def spawn_options() -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Run under the Windows CPython (tests/windows/test_wine_imports.py): import every module of app/.
 
 Prints one JSON line per module that failed ({"module", "error"}) and a last line {"imported": N}.
-app/ui needs PySide6, which the Windows test Python does not have: its modules are imported with Qt made
-importable only where it is installed (they are reported as skipped, with the reason, when it is not).
+app/ui needs PySide6 (installed in the Windows test Python by scripts/wine-setup.sh): its modules are
+reported as skipped when it is missing, and tests/windows/test_wine_imports.py fails on that.
 """
 
 from __future__ import annotations

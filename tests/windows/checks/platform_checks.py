@@ -158,13 +158,48 @@ def an_engine_tree_is_ended_whole(tmp: Path) -> object:
         grandchild = int(next(line for line in ring.lines if line.strip().isdigit()))
         assert pid_alive(grandchild) and pid_alive(engine.pid)
         started = time.monotonic()
-        await engine.terminate(grace=10)
+        await engine.terminate(grace=1)
         took = time.monotonic() - started
         assert await asyncio.to_thread(gone_within, grandchild, 5), "the engine's child outlived the stop"
         assert not pid_alive(engine.pid)
-        # no console under wine: Ctrl-Break cannot be delivered, so the job is ended without a grace wait
+        # this engine ignores the stop pipe (a foreign binary would): the job is ended after the grace
         assert took < 5, f"terminate took {took:.1f} s"
         return {"terminate_s": round(took, 2)}
+
+    return asyncio.run(go())
+
+
+_WORKER = (
+    "import os, sys, time\n"
+    "from app.lanes.parentwatch import watch_stop_pipe\n"
+    "assert os.environ.get('SWITCHYARD_STOP_PIPE') == '1', 'the stop pipe was not announced'\n"
+    "watch_stop_pipe()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@check
+def a_worker_leaves_when_asked_through_its_stop_pipe(tmp: Path) -> object:
+    """No signal reaches a Windows process without a console: the stop pipe is the ask, and a worker
+    that watches it leaves by itself (exit 0) well before the grace runs out."""
+    from app.lanes.proc import EngineProcess, LogRing
+
+    async def go() -> dict[str, object]:
+        ring = LogRing(max_lines=50, file=None)
+        engine = await EngineProcess.spawn(
+            (sys.executable, "-c", _WORKER), env=dict(os.environ), ring=ring, on_port=lambda _p: None
+        )
+        deadline = time.monotonic() + 60
+        while "ready" not in ring.lines:
+            assert engine.proc.returncode is None and time.monotonic() < deadline, list(ring.lines)
+            await asyncio.sleep(0.1)
+        started = time.monotonic()
+        code = await engine.terminate(grace=30)
+        took = time.monotonic() - started
+        assert code == 0, f"the worker did not leave by itself (exit {code}): {list(ring.lines)}"
+        assert took < 10, f"the stop took {took:.1f} s"
+        return {"exit": code, "stop_s": round(took, 2)}
 
     return asyncio.run(go())
 
@@ -264,6 +299,116 @@ def port_owner_never_raises(tmp: Path) -> object:
         s.listen()
         owner = port_owner(s.getsockname()[1])
     return {"owner": owner}
+
+
+@check
+def keys_live_in_the_credential_manager(tmp: Path) -> object:
+    """Secrets go to Windows' own store (WinVaultKeyring), are read back whole, and deleted."""
+    import uuid
+
+    from app.core.vault import Secret, backend_name, keyring_delete, keyring_get, keyring_put
+
+    backend = backend_name()
+    assert "WinVault" in backend, f"not the Windows Credential Manager: {backend}"
+    user = f"windows-check-{uuid.uuid4().hex[:8]}"
+    value = "sy-" + uuid.uuid4().hex + "-ü✓"
+    problem = keyring_put(user, Secret(value))
+    assert problem is None, problem
+    try:
+        got, problem = keyring_get(user)
+        assert problem is None and got is not None and got.reveal() == value, (problem, got)
+    finally:
+        assert keyring_delete(user)
+    assert keyring_get(user)[0] is None, "the secret stayed after it was deleted"
+    return backend
+
+
+@check
+def hub_cache_is_where_huggingface_hub_puts_it(tmp: Path) -> object:
+    """With no setting and no HF_* variable, the models cache is huggingface_hub's own Windows default, so
+    models another tool downloaded are found and ours are shared."""
+    import subprocess
+
+    from app.hub.config import default_cache_dir
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "XDG_"))}
+    theirs = subprocess.run(
+        [sys.executable, "-c", "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"],
+        env=clean,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert theirs.returncode == 0, theirs.stderr[-800:]
+    ours = default_cache_dir(clean)
+    assert Path(theirs.stdout.strip()) == ours, (theirs.stdout.strip(), str(ours))
+    assert str(ours).startswith(os.environ["USERPROFILE"]), ours
+    return str(ours)
+
+
+@check
+def tls_self_signed_pair_serves_a_pinned_client(tmp: Path) -> object:
+    """The self-signed pair made under a data folder with spaces, its key file private, served by an asyncio
+    TLS server and accepted by a client that trusts exactly that certificate (what the CLI does)."""
+    from app.core.paths import Paths
+    from app.server.tls import client_context, fingerprint, self_signed, server_context
+
+    material = self_signed(Paths(home=tmp / "home with spaces"), host="127.0.0.1")
+    assert material.fingerprint == fingerprint(material.cert.read_bytes())
+
+    async def go() -> str:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write((await reader.readline()).upper())
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context(material))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_context(material.cert), server_hostname="127.0.0.1"
+            )
+            writer.write(b"hello over tls\n")
+            await writer.drain()
+            line = await reader.readline()
+            writer.close()
+            return line.decode().strip()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    got = asyncio.run(go())
+    assert got == "HELLO OVER TLS", got
+    return {"fingerprint": material.fingerprint[:23], "cert": str(material.cert)}
+
+
+_TALKER = "print('caf\u00e9 \u2713 \u65e5\u672c\u8a9e', flush=True)\n"
+
+
+@check
+def an_engine_prints_non_ascii_whatever_the_code_page(tmp: Path) -> object:
+    """An engine's streams are pipes, which take the ANSI code page (cp1252) on Windows: without UTF-8 mode
+    printing a model's text ended the engine. engine_env gives every engine UTF-8 mode by default."""
+    from app.lanes.proc import EngineProcess, LogRing, engine_env
+
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONUTF8", "PYTHONIOENCODING")}
+    env = engine_env(base)
+    assert env.get("PYTHONUTF8") == "1", env.get("PYTHONUTF8")
+
+    async def go() -> list[str]:
+        ring = LogRing(max_lines=50, file=None)
+        engine = await EngineProcess.spawn(
+            (sys.executable, "-c", _TALKER), env=env, ring=ring, on_port=lambda _p: None
+        )
+        code = await asyncio.wait_for(engine.proc.wait(), 60)
+        await engine.drain_output(5)
+        assert code == 0, (code, list(ring.lines))
+        return list(ring.lines)
+
+    lines = asyncio.run(go())
+    assert "caf\u00e9 \u2713 \u65e5\u672c\u8a9e" in lines, lines
+    return lines
 
 
 def main() -> int:
