@@ -37,6 +37,7 @@ from app.hub.config import hub_config
 from app.hub.download import DownloadManager
 from app.hub.range_reader import RangeReader
 from app.hub.token import TokenStore
+from app.lanes.engines.registry import calibrating_lanes
 from app.lanes.install.jobs import EngineJobs
 from app.lanes.install.store import EngineStore
 from app.lanes.lane import Lane, LaneState
@@ -124,7 +125,9 @@ class Runtime:
         stack.callback(self.library.close)
         await asyncio.to_thread(self.catalog.scan)  # reads model headers: off the event loop
         self.footprints = LibraryFootprints(self.library)
-        self.speeds = SpeedRecorder(SpeedStore(self.library), where=self._load_key)
+        self.speeds = SpeedRecorder(
+            SpeedStore(self.library, calibrating=calibrating_lanes()), where=self._load_key
+        )
         self.supervisor = Supervisor(
             catalog=self.catalog,
             settings=self.settings,

@@ -8,7 +8,8 @@ of 5 rounds, with the load average beside it):
 - pass-through: `ChunkFrames.forward` (the frame tracking of gateway/relay.py `_Pump`);
 - translated (Anthropic): `ChunkPayload.feed` (de-chunking), `StreamReader.deltas` (the delta), the
   translation (tool-call recovery, the Anthropic translator, the event's JSON) and the outgoing frame,
-  in answers of 256 events (a new reader and translator for each, as per request).
+  in answers of 256 events (a new reader and translator for each, as per request), and again in answers
+  of 10,000 events (a cost per piece that grows with the answer shows there).
 
     .venv/bin/python bench/gateway_event_python.py
 """
@@ -38,6 +39,7 @@ CHUNK = (
 FRAME = b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK)
 N = 20_000
 ANSWER_EVENTS = 256  # events per answer: the translator is built anew for each, as per request
+LONG_ANSWER_EVENTS = 10_000  # a long answer: what a piece costs must not grow with the answer
 
 
 def per_event(step: Callable[[], object]) -> float:
@@ -56,26 +58,33 @@ def main() -> None:
     encoding = next(s for s in SURFACES if s.name == "anthropic").encoding
     answer: list[object] = []
 
-    def translated() -> None:
-        if len(answer) % ANSWER_EVENTS == 0:  # a new answer: what a request builds, once per stream
-            answer[:] = [ChunkPayload(), StreamReader()]
-            tr = RecoveringRun(TranslatedRun(MessageTranslator(model="m"), encoding=encoding), model="m")
-            tr.opening()
-            answer.append(tr)
-        chunks, reader, tr = answer[:3]
-        out = b""
-        for delta in reader.deltas(chunks.feed(FRAME)):  # type: ignore[attr-defined]
-            out += tr.feed(delta)  # type: ignore[attr-defined]
-        _ = b"%x\r\n%s\r\n" % (len(out), out)
-        answer.append(None)
+    def translated(events: int) -> Callable[[], None]:
+        def step() -> None:
+            if len(answer) % events == 0:  # a new answer: what a request builds, once per stream
+                answer[:] = [ChunkPayload(), StreamReader()]
+                tr = RecoveringRun(TranslatedRun(MessageTranslator(model="m"), encoding=encoding), model="m")
+                tr.opening()
+                answer.append(tr)
+            chunks, reader, tr = answer[:3]
+            out = b""
+            for delta in reader.deltas(chunks.feed(FRAME)):  # type: ignore[attr-defined]
+                out += tr.feed(delta)  # type: ignore[attr-defined]
+            _ = b"%x\r\n%s\r\n" % (len(out), out)
+            answer.append(None)
+
+        return step
 
     passed = per_event(lambda: frames.forward(FRAME))
     dechunk = per_event(lambda: payload.feed(FRAME))
     deltas = per_event(lambda: StreamReader().deltas(CHUNK))
-    whole = per_event(translated)
+    whole = per_event(translated(ANSWER_EVENTS))
+    answer.clear()
+    long = per_event(translated(LONG_ANSWER_EVENTS))
     print(f"load average {os.getloadavg()[0]:.2f}; CPU µs per event, best of 5 rounds of {N}:")
     print(f"  pass-through frame tracking   {passed:6.2f}")
     print(f"  translated, all of it         {whole:6.2f}")
+    ratio = long / whole
+    print(f"      in answers of {LONG_ANSWER_EVENTS} events {long:6.2f} ({ratio:.2f}x the short answers')")
     print(f"    of which de-chunking        {dechunk:6.2f}")
     print(f"    of which the delta reader   {deltas:6.2f} (a fresh reader each time)")
 

@@ -2,11 +2,12 @@
 
 Every worker loops over a mix of requests (OpenAI streamed and not, Anthropic streamed, two models so the
 lane swaps) and plays a client kind chosen per request: a normal one, one that hangs up mid-stream, or a slow
-reader. Mixed in: chat requests with images (a small PNG, which these projector-less models refuse, and a
-decompression bomb, refused from its header), Realtime transcription sessions (a few seconds of audio per
-append through voice detection, then cleared) and eval runs (a one-case suite through the server's own
-gateway). A fault task SIGKILLs the running engine every `--kill-every` seconds, and a watcher times
-`/health` twice a second (a pause over a second is a failure). Each request ends in one of:
+reader. Mixed in: chat requests with images to a vision model with a real projector (a small PNG, which
+its encoder reads, and a decompression bomb, refused from its header before anything is decoded),
+Realtime transcription sessions (a few seconds of audio per append through voice detection, then
+cleared) and eval runs (a one-case suite, from the server's suites folder, through its own gateway). A
+fault task SIGKILLs the running engine every `--kill-every` seconds, and a watcher times `/health` twice a
+second (a pause over a second is a failure). Each request ends in one of:
 
     ok        the answer came whole (a streamed one ends with its final event)
     refused   a clean error: an error envelope with a code, or an in-stream error event
@@ -49,6 +50,7 @@ from gateway_overhead import Server
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("soak-a", "soak-b")
+VISION = "vision/soak-v"  # with a real projector beside it, so images go through the engine's encoder
 REQUEST_DEADLINE_S = 120.0
 HEALTH_STALL_S = 1.0
 
@@ -63,6 +65,7 @@ class Tally:
     seen_pids: set[int] = field(default_factory=set)
     kinds: Counter[str] = field(default_factory=Counter)
     health_worst: float = 0.0
+    image_answers: int = 0  # image requests answered 200: decoded and encoded by the vision model's projector
 
     def fail(self, why: str) -> None:
         self.outcomes["FAILED"] += 1
@@ -72,11 +75,14 @@ class Tally:
 
 def write_models(models_dir: Path) -> None:
     sys.path.insert(0, str(REPO))
-    from tests.support import tinymodels
+    from tests.support import tinymodels, visiongen
 
     for i, name in enumerate(MODELS):
         spec = tinymodels.CHAT if i == 0 else tinymodels.MEDIUM
         tinymodels.write_tiny_gguf(models_dir / f"{name}.gguf", spec)
+    # a vision model: its projector (beside it, the width of CHAT's embedding) encodes the images it is sent
+    tinymodels.write_tiny_gguf(models_dir / f"{VISION}.gguf", tinymodels.CHAT)
+    visiongen.write_tiny_mmproj(models_dir / "vision" / "mmproj-soak-v-f32.gguf")
 
 
 def _body(kind: str, model: str, *, stream: bool) -> tuple[str, dict[str, object]]:
@@ -125,7 +131,8 @@ SUITE_NAME = "soak-suite.yaml"
 async def refused_or_failed(t: Tally, r: aiohttp.ClientResponse, what: str) -> None:
     payload = await r.read()
     code = _error_code(payload)
-    if r.status >= 500 or code is None:
+    # the same rule as chat's: a 503 engine_start_failed (a kill landing in a start) is a clean refusal
+    if (r.status == 500 and code in (None, "internal_error")) or code is None:
         t.fail(f"HTTP {r.status} on {what}: {payload[:200]!r}")
     else:
         t.outcomes["refused"] += 1
@@ -136,7 +143,7 @@ async def one_image(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
     image = random.choice(IMAGES)
     content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": image}}]
     body = {
-        "model": random.choice(MODELS),
+        "model": VISION,
         "max_tokens": 8,
         "messages": [{"role": "user", "content": content}],
     }
@@ -145,6 +152,7 @@ async def one_image(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
             await refused_or_failed(t, r, "an image request")
         else:
             t.outcomes["ok"] += 1
+            t.image_answers += 1
 
 
 async def one_realtime(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
@@ -170,7 +178,8 @@ async def one_realtime(http: aiohttp.ClientSession, url: str, t: Tally) -> None:
 
 
 async def one_eval(http: aiohttp.ClientSession, url: str, t: Tally, suite: Path) -> None:
-    async with http.post(url + "/api/evals", json={"model": MODELS[0], "suite": str(suite)}) as r:
+    # by name: the server reads suites only from its suites folder
+    async with http.post(url + "/api/evals", json={"model": MODELS[0], "suite": suite.name}) as r:
         if r.status >= 400:
             await refused_or_failed(t, r, "an eval run")
             return
@@ -352,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         models = work / "models"
         models.mkdir()
         write_models(models)
-        suite = work / SUITE_NAME  # one case the tiny model answers exactly, through a grammar
+        # one case the tiny model answers exactly, through a grammar, in the server's suites folder
+        suite = work / "home" / "suites" / SUITE_NAME
+        suite.parent.mkdir(parents=True)
         case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
         case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
         suite.write_text(json.dumps({"name": "soak", "cases": [case]}))
@@ -370,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {args.streams} streams, {(time.monotonic() - t0) / 60:.1f} min, {t.kills} engine kills")
     print(f"requests: {total}  " + "  ".join(f"{k}={v}" for k, v in sorted(t.outcomes.items())))
     print("traffic: " + ", ".join(f"{k}={v}" for k, v in t.kinds.most_common()))
+    print(f"image requests answered through the projector: {t.image_answers}")
     print("refusal codes: " + ", ".join(f"{k}={v}" for k, v in t.codes.most_common()))
     print(f"/health: slowest answer {t.health_worst * 1000:.0f} ms")
     print(f"serve RSS: {a:.1f} MiB after warm-up, {b:.1f} MiB in the last minute (ratio {ratio:.2f})")

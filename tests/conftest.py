@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import signal
@@ -72,6 +73,12 @@ def qloop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
     finally:
         asyncio.set_event_loop(None)
         loop.close()
+        # the loop's own Qt objects (its timer, its executor's QThreads) and whatever the test left in
+        # reference cycles are freed here, on the GUI thread: left to the cyclic collector, they were freed
+        # on whichever thread crossed its threshold (a to_thread worker of the next test's Desktop), and Qt
+        # objects deleted there crashed the process with SIGSEGV (app/ui/desktop.py, _release_qt)
+        del loop
+        gc.collect()
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.advice.inputs import AdviceInputs, local_inputs, with_overrides
+from app.advice.inputs import AdviceInputs, local_inputs, route_decision, with_overrides
 from app.core.errors import ModelBrokenError, SettingsError
 from app.core.paths import Paths
+from app.core.public import Public
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.fit.gpu_share import GPUShareRefused, plan_gpu_share
@@ -37,14 +38,14 @@ from app.lanes.engines.cuda import SHARE_ENGINES
 from app.lanes.engines.llamacpp.compat import gguf_architecture, survey
 from app.lanes.engines.llamacpp.kind import fit_for, requested_ctx
 from app.lanes.engines.llamacpp.spec import speculation_for
-from app.lanes.engines.registry import kind_of
+from app.lanes.engines.registry import calibrating_lanes, kind_of
 from app.lanes.install.installed import installed_lanes
 from app.library.catalog import ModelEntry
 from app.library.drafts import choose_draft
 from app.library.footprints import LibraryFootprints
 from app.library.opening import open_catalog
 from app.library.speeds import Speed, SpeedStore
-from app.routing import Decision, FitCheck, check_pin, decide
+from app.routing import Decision, FitCheck, check_pin
 
 
 def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
@@ -92,21 +93,13 @@ def entry_for_path(path: Path) -> ModelEntry:
 
 
 @dataclass(frozen=True)
-class Requested:
+class Requested(Public):
     """What the model would be started with: its context (0 with ctx_auto: planned), slots and KV type."""
 
     ctx_size: int
     ctx_auto: bool
     parallel: int
     kv_type: str
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "ctx_size": self.ctx_size,
-            "ctx_auto": self.ctx_auto,
-            "parallel": self.parallel,
-            "kv_type": self.kv_type,
-        }
 
 
 # a load with some layers on the GPU and the rest on the CPU: its answers are filed apart from the
@@ -256,14 +249,7 @@ def explain(
 
     if (arch := gguf_architecture(entry)) is not None:
         survey(settings, [arch], hardware=hardware)  # with a capability build: both builds asked once
-    decision = decide(
-        fmt,
-        hardware=hardware,
-        installed=installed_lanes(settings),
-        pins=dict(inputs.pins),
-        model_id=entry.id,
-        fit=fit,
-    )
+    decision = route_decision(inputs, fmt, model_id=entry.id, fit=fit)
     try:
         ctx, auto = requested_ctx(entry, settings) if entry.ok and entry.facts else (0, True)
     except ModelBrokenError:  # a corrupt header's window: the fit above says why
@@ -346,7 +332,7 @@ def explain_local(
         entry = entry_for_path(target.resolve()) if target.exists() else catalog.get(model, allow_broken=True)
         recorded = LibraryFootprints(library).get(entry.id, path=entry.path)
         models = catalog.servable()  # where a draft model is chosen from
-        store = SpeedStore(library)
+        store = SpeedStore(library, calibrating=calibrating_lanes())
         bws = device_bandwidths(inputs.hardware)
         inputs = dataclasses.replace(inputs, speed=store.calibration(bandwidth=bws))
         speeds = store.of(entry.id)

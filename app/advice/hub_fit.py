@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from app.advice.explain import _gpu_shares, _hw_summary, explain
-from app.advice.inputs import AdviceInputs
+from app.advice.inputs import AdviceInputs, route_decision
 from app.core.errors import HubError
 from app.core.units import fmt_bytes
 from app.fit.plan import rate
@@ -33,9 +33,8 @@ from app.hub.api import ModelDetail
 from app.hub.quant import QuantChoice, RepoFile
 from app.hub.range_reader import Prefix, RangeReader, sparse_copy
 from app.hub.selection import pulled_projector
-from app.lanes.install.installed import installed_lanes
 from app.library.model import ModelEntry
-from app.routing import FitCheck, decide
+from app.routing import FitCheck
 
 PARALLEL_READS = 4
 VERDICT_WORDS = {
@@ -180,14 +179,7 @@ def _weights_verdict(
         share = shares.get(lane)
         return FitCheck(share["fits"], share["summary"]) if share else None
 
-    decision = decide(
-        fmt,
-        hardware=hardware,
-        installed=installed_lanes(settings),
-        pins=dict(inputs.pins),
-        model_id=detail.id,
-        fit=fit,
-    )
+    decision = route_decision(inputs, fmt, model_id=detail.id, fit=fit)
     gpus = [g for g in hardware.gpus if g.memory_total]
     gpu_free = max((g.memory_free or g.memory_total or 0 for g in gpus), default=0)
     ram = hardware.memory.available

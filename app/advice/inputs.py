@@ -10,7 +10,10 @@ from app.core.paths import Paths
 from app.core.pins import PinStore
 from app.core.settings import Settings
 from app.fit.plan import SpeedCalibration
+from app.formats.detect import ModelFormat
 from app.hardware.model import Hardware
+from app.lanes.install.installed import installed_lanes
+from app.routing import Decision, FitFn, decide
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,19 @@ class AdviceInputs:
     used: Mapping[str, int] = field(default_factory=dict)
     # this machine's speed calibration per device, from measured answers (app/library/speeds.py)
     speed: Mapping[str, SpeedCalibration] = field(default_factory=dict)
+
+
+def route_decision(inputs: AdviceInputs, fmt: ModelFormat, *, model_id: str, fit: FitFn) -> Decision:
+    """Which lane runs a model of format `fmt` here: the lanes installed now, the pins, the hardware, and
+    `fit` (each lane's memory verdict, from whichever source the caller has: a local file or a hub header)."""
+    return decide(
+        fmt,
+        hardware=inputs.hardware,
+        installed=installed_lanes(inputs.settings),
+        pins=dict(inputs.pins),
+        model_id=model_id,
+        fit=fit,
+    )
 
 
 def with_overrides(settings: Settings, model_id: str, overrides: Mapping[str, Any] | None) -> Settings:

@@ -20,7 +20,7 @@ import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,27 @@ class ServerClient:
                 yield from read_sse(r)
             except OSError as exc:
                 raise self._unreachable(exc) from exc
+
+    def outcome(
+        self,
+        path: str,
+        *,
+        body: Any,
+        timeout: float,
+        show: Callable[[str, Any], None],
+        stopped: str,
+        unfinished: str,
+    ) -> dict[str, Any]:
+        """The data of the `done` event that ends a long piece of work the server streams (an eval run, a
+        gated update); each other event goes to `show` as it comes. An `error` event is a SwitchyardError
+        "`stopped`: its message", and a stream that ends without `done` one that says `unfinished`."""
+        for kind, data in self.events(path, body=body, timeout=timeout):
+            if kind == "error":
+                raise SwitchyardError(f"{stopped}: {data['message']}")
+            if kind == "done":
+                return dict(data)
+            show(kind, data)
+        raise SwitchyardError(unfinished)
 
     # -- plumbing --
     def _request(self, method: str, path: str, body: Any, accept: str) -> urllib.request.Request:

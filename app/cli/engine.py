@@ -105,8 +105,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         return start_detached(args, ctx, body, what="engine install --detach")
     if cmd == "install":
         done = _install(args.kind, store, settings, version=args.engine_version, build=args.build)
-        if done == EXIT_OK and args.kind == "llama.cpp-compat":
-            _compat_survey(settings)
+        if done == EXIT_OK and _is_capability_lane(args.kind):
+            _compat_survey(settings)  # its probed architectures decide which GGUFs it takes
         return done
     if cmd == "register":
         from app.lanes.engines.llamacpp import compat
@@ -146,6 +146,14 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     else:
         print(f"{args.kind}: no environment of its own to remove")
     return EXIT_OK
+
+
+def _is_capability_lane(lane: str) -> bool:
+    """Whether `lane`'s registered kind is the capability build's (the registry says, not its name)."""
+    from app.lanes.engines.llamacpp.compat import LlamaCompatKind
+    from app.lanes.engines.registry import kind_of
+
+    return isinstance(kind_of(lane), LlamaCompatKind)
 
 
 def _compat_survey(settings: Settings) -> None:

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from app.cli.context import CliContext
 from app.cli.options import Subparsers, api_key_arg, table
-from app.core.errors import BadRequestError, SwitchyardError
+from app.core.errors import BadRequestError
 
 BELOW_THRESHOLD = 1
 
@@ -40,9 +40,15 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
 
 
-def _suite_ref(text: str) -> str:
+def _suite(text: str) -> dict[str, str]:
+    """The request's suite fields: a suite file is read here and sent as text (the server reads files only
+    from its suites folder); anything else is a name for the server to find."""
     path = Path(text).expanduser()
-    return str(path.resolve()) if path.is_file() else text  # the server may run in another folder
+    if not path.is_file():
+        return {"suite": text}
+    from app.quality.suite import read_suite_file
+
+    return {"suite": path.name, "suite_text": read_suite_file(path)}
 
 
 def _show_history(runs: list[dict[str, Any]], *, out: IO[str]) -> None:
@@ -86,28 +92,26 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.detach:
         from app.cli.jobs import start_detached
 
-        body = {
-            "kind": "eval",
-            "model": args.model,
-            "suite": _suite_ref(args.suite),
-            "min_score": args.min_score,
-        }
+        body = {"kind": "eval", "model": args.model, **_suite(args.suite), "min_score": args.min_score}
         return start_detached(args, ctx, body, what="eval --detach")
     from app.cli.run import server_for
 
-    body = {"model": args.model, "suite": _suite_ref(args.suite), "min_score": args.min_score, "stream": True}
-    outcome: dict[str, Any] | None = None
+    body = {"model": args.model, **_suite(args.suite), "min_score": args.min_score, "stream": True}
+
+    def show(kind: str, data: Any) -> None:
+        if kind == "case" and not args.json:
+            mark = "ok " if data["score"] >= 1 else ("~  " if data["score"] > 0 else "x  ")
+            print(f"{_bar(data['index'], data['total'])}  {mark}{data['id']}: {data['reason']}")
+
     with server_for(args, ctx) as server:
-        for kind, data in server.events("/api/evals", body=body, timeout=900):
-            if kind == "case" and not args.json:
-                mark = "ok " if data["score"] >= 1 else ("~  " if data["score"] > 0 else "x  ")
-                print(f"{_bar(data['index'], data['total'])}  {mark}{data['id']}: {data['reason']}")
-            elif kind == "error":
-                raise SwitchyardError(f"the eval run stopped: {data['message']}")
-            elif kind == "done":
-                outcome = data
-    if outcome is None:
-        raise SwitchyardError("the server ended the eval run without a result; see its log, then run again")
+        outcome = server.outcome(
+            "/api/evals",
+            body=body,
+            timeout=900,
+            show=show,
+            stopped="the eval run stopped",
+            unfinished="the server ended the eval run without a result; see its log, then run again",
+        )
     if args.json:
         print(json.dumps(outcome, indent=2))
     else:

@@ -56,12 +56,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         raise BadRequestError("give the suite and the pass mark: `switchyard gate MODEL SUITE MIN_SCORE`")
     if not 0 <= args.min_score <= 1:
         raise BadRequestError("the pass mark is a number from 0 to 1 (0.8 means 80 %)")
-    from pathlib import Path
+    from app.quality.suite import load_suite, placed_suite
 
-    from app.quality.suite import load_suite
-
-    suite = str(Path(args.suite).resolve()) if Path(args.suite).is_file() else args.suite
-    load_suite(suite)  # refused now, not at the next update
+    # the server reads suites only from its suites folder: a file from elsewhere is copied there
+    suite = placed_suite(args.suite, folder=ctx.paths.suites)
+    load_suite(suite, folder=ctx.paths.suites)  # refused now, not at the next update
     _check_updatable(args.model, ctx.paths, ctx.settings(args))
     gates[args.model] = {"suite": suite, "min_score": args.min_score}
     _write(args, ctx, gates)

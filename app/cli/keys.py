@@ -7,11 +7,10 @@ happened to it on stderr: stored in the system keyring, or, where there is none,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from app.cli.context import CliContext
-from app.cli.options import Subparsers, table
+from app.cli.options import Subparsers, show_list
 
 
 def register(sub: Subparsers) -> None:
@@ -45,13 +44,13 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         print(f"revoked API key {info.name!r} (…{info.last4}); clients using it now get 401")
         return 0
     entries = store.entries()
-    if args.json:
-        print(json.dumps({"file": str(store.path), "keys": [k.public() for k in entries]}, indent=2))
-        return 0
-    if not entries:
-        print("no API keys; create one with `switchyard keys create NAME`")
-        return 0
-    rows = [("NAME", "CREATED", "KEY", "KEYRING")]
-    rows += [(k.name, k.created, f"…{k.last4}", "yes" if k.in_keyring else "no") for k in entries]
-    table(rows, pad_last=True)
+    show_list(
+        {"file": str(store.path), "keys": [k.public() for k in entries]},
+        as_json=args.json,
+        empty="no API keys; create one with `switchyard keys create NAME`",
+        rows=lambda: [
+            ("NAME", "CREATED", "KEY", "KEYRING"),
+            *((k.name, k.created, f"…{k.last4}", "yes" if k.in_keyring else "no") for k in entries),
+        ],
+    )
     return 0

@@ -10,8 +10,9 @@ import argparse
 import json
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.cli import remote
 from app.cli.client import ServerClient
@@ -19,6 +20,7 @@ from app.cli.context import CliContext
 from app.cli.options import Subparsers, api_key_arg, models_dir_arg, table
 from app.core.units import fmt_bytes
 
+T = TypeVar("T")
 # the catalog is imported where used (app.library.opening): it pulls in numpy, which other commands skip
 
 
@@ -124,19 +126,21 @@ def origin_of(model: dict[str, Any]) -> tuple[str, str]:
     return labels.get(model["source"], model["source"]), model["path"]
 
 
-def cmd_import(args: argparse.Namespace, ctx: CliContext) -> int:
-    from app.library.importer import import_model
+def _on_library(
+    args: argparse.Namespace, ctx: CliContext, act: Callable[..., T], model: Any, **flags: Any
+) -> T:
+    """`act(model, ...)` on this data folder's library and catalog, opened for the call and closed after:
+    the changes `import` and `rm` make without a server."""
     from app.library.opening import opened_catalog
 
     with opened_catalog(ctx.settings(args), ctx.paths) as (library, catalog):
-        entry = import_model(
-            args.path,
-            catalog=catalog,
-            library=library,
-            imported_root=ctx.paths.imported,
-            link=args.link,
-            name=args.name,
-        )
+        return act(model, catalog=catalog, library=library, imported_root=ctx.paths.imported, **flags)
+
+
+def cmd_import(args: argparse.Namespace, ctx: CliContext) -> int:
+    from app.library.importer import import_model
+
+    entry = _on_library(args, ctx, import_model, args.path, link=args.link, name=args.name)
     how = f"linked in place at {entry.path}" if args.link else f"copied to {entry.location}"
     print(f"imported {entry.id} ({entry.format}, {entry.kind}, {_size(entry.size)}): {how}")
     if not entry.ok:
@@ -157,16 +161,7 @@ def cmd_rm(args: argparse.Namespace, ctx: CliContext) -> int:
     if server is not None:
         done = _remote_rm(server, args.model, delete_files=args.delete_files)
     else:
-        from app.library.opening import opened_catalog
-
-        with opened_catalog(ctx.settings(args), ctx.paths) as (library, catalog):
-            done = remove_model(
-                args.model,
-                catalog=catalog,
-                library=library,
-                imported_root=ctx.paths.imported,
-                delete_files=args.delete_files,
-            ).public()
+        done = _on_library(args, ctx, remove_model, args.model, delete_files=args.delete_files).public()
     if done["action"] == "unregistered":
         print(f"unregistered {done['id']}; your file is kept: {', '.join(done['kept'])}")
     else:

@@ -2,16 +2,17 @@
 
 `add NAME URL` registers a streamable-HTTP server, `add NAME -- COMMAND ARGS...` a stdio one; `--env` and
 `--header` values go to the keyring (the state file keeps only their names). Each tool is asked about by
-default; `allow`/`deny` set it per tool. The Responses API's mcp tool names a server by its NAME.
+default; `allow`/`deny` set it per tool, server-wide or (`--key KEYNAME`) for one API key. The Responses
+API's mcp tool names a server by its NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+from collections.abc import Mapping
 
 from app.cli.context import CliContext
-from app.cli.options import Subparsers, table
+from app.cli.options import Subparsers, show_list
 from app.core.errors import BadRequestError
 
 
@@ -52,6 +53,12 @@ def register(sub: Subparsers) -> None:
         p = ms.add_parser(perm, help=f"a tool of a server: {what}")
         p.add_argument("name", help="the server's name")
         p.add_argument("tool", help="the tool's name, as the server lists it")
+        p.add_argument(
+            "--key",
+            metavar="KEYNAME",
+            help="only for requests made with this API key (`switchyard keys ls`); it wins over the "
+            "server-wide permission",
+        )
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -89,22 +96,36 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         print(f"removed MCP server {gone.name!r} and its secrets")
         return 0
     if cmd in ("allow", "ask", "deny"):
-        reg.set_permission(args.name, tool=args.tool, permission=cmd)
-        print(f"{args.name}: tool {args.tool!r} is now {cmd}")
+        from app.mcp.registry import check_key
+
+        key = check_key(ctx.paths, args.key) if args.key is not None else None
+        reg.set_permission(args.name, tool=args.tool, permission=cmd, key=key)
+        print(f"{args.name}: tool {args.tool!r} is now {cmd}" + (f" for API key {key!r}" if key else ""))
         return 0
     servers = reg.all()
-    if args.json:
-        print(json.dumps({"file": str(reg.path), "servers": [s.public() for s in servers]}, indent=2))
-        return 0
-    if not servers:
-        print(
-            "no MCP servers; add one with `switchyard mcp add NAME URL` or "
-            "`switchyard mcp add NAME -- COMMAND`"
-        )
-        return 0
-    rows = [("NAME", "TRANSPORT", "TARGET", "TOOLS")]
-    for s in servers:
-        perms = ", ".join(f"{t}={p}" for t, p in sorted(s.tools.items())) or "all ask"
-        rows.append((s.name, "stdio" if s.command else "http", s.url or " ".join(s.command), perms))
-    table(rows, pad_last=True)
+    show_list(
+        {"file": str(reg.path), "servers": [s.public() for s in servers]},
+        as_json=args.json,
+        empty="no MCP servers; add one with `switchyard mcp add NAME URL` or "
+        "`switchyard mcp add NAME -- COMMAND`",
+        rows=lambda: [
+            ("NAME", "TRANSPORT", "TARGET", "TOOLS"),
+            *(
+                (
+                    s.name,
+                    "stdio" if s.command else "http",
+                    s.url or " ".join(s.command),
+                    _permissions(s.tools, s.keys),
+                )
+                for s in servers
+            ),
+        ],
+    )
     return 0
+
+
+def _permissions(tools: Mapping[str, str], keys: Mapping[str, Mapping[str, str]]) -> str:
+    out = ", ".join(f"{t}={p}" for t, p in sorted(tools.items())) or "all ask"
+    for key, rules in sorted(keys.items()):  # an API key's own rules, which win for its requests
+        out += f"; key {key}: " + ", ".join(f"{t}={p}" for t, p in sorted(rules.items()))
+    return out

@@ -4,11 +4,10 @@ the running server, and report what each answered (docs/jobs.md#notifications)."
 from __future__ import annotations
 
 import argparse
-import json
 
 from app.cli.context import CliContext
 from app.cli.jobs import needed_server
-from app.cli.options import Subparsers, api_key_arg, table
+from app.cli.options import Subparsers, api_key_arg, show_list
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -25,15 +24,18 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     hooks = needed_server(args, ctx, what="`notify test`").call("POST", "/api/notify/test", timeout=60)[
         "hooks"
     ]
-    if args.json:
-        print(json.dumps(hooks, indent=2))
-    elif not hooks:
-        print(
-            'no webhooks: add them to settings.json as "notify": {"webhooks": [{"url": ..., "kind": "json"}]}'
-        )
-    else:
-        rows = [["URL", "KIND", "ANSWER"]]
-        for h in hooks:
-            rows.append([h["url"], h["kind"], f"HTTP {h['status']}" if h["status"] else h.get("error", "?")])
-        table(rows)
+    show_list(
+        hooks,
+        as_json=args.json,
+        empty='no webhooks: add them to settings.json as "notify": '
+        '{"webhooks": [{"url": ..., "kind": "json"}]}',
+        rows=lambda: [
+            ("URL", "KIND", "ANSWER"),
+            *(
+                (h["url"], h["kind"], f"HTTP {h['status']}" if h["status"] else h.get("error", "?"))
+                for h in hooks
+            ),
+        ],
+        pad_last=False,
+    )
     return EXIT_OK if all(h["ok"] for h in hooks) else EXIT_FAILED

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
@@ -36,6 +37,26 @@ def table(rows: Sequence[Sequence[str]], *, pad_last: bool = False) -> None:
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)]
         print(("  ".join(cells)).rstrip() if pad_last else "  ".join(cells) + "  " + r[-1])
+
+
+def show_list(
+    doc: object,
+    *,
+    as_json: bool,
+    empty: str,
+    rows: Callable[[], Sequence[Sequence[str]]],
+    pad_last: bool = True,
+) -> None:
+    """A listing as a command prints it: `doc` as JSON with --json; else `empty` (what to do to have
+    something) when `rows()` holds only its header, else `rows()` as a table."""
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    lines = rows()
+    if len(lines) <= 1:
+        print(empty)
+        return
+    table(lines, pad_last=pad_last)
 
 
 # a command whose reader went away (`switchyard ps | head -1`): the exit status of a process ended by SIGPIPE

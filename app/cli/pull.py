@@ -245,10 +245,7 @@ def _detached_update(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.eval or args.min_score is not None or (args.repo and args.repo in ctx.base_settings().gates):
         body: dict[str, Any] = {"kind": "update", "model": args.repo}
         if args.eval:
-            suite = Path(args.eval).expanduser()
-            body.update(
-                suite=str(suite.resolve()) if suite.is_file() else args.eval, min_score=args.min_score
-            )
+            body.update(_suite(args.eval), min_score=args.min_score)
         return start_detached(args, ctx, body, what="update --detach")
     settings = ctx.settings(args)
     repos = [_repo_of(args.repo, ctx.paths, settings)] if args.repo else _cached_repos(settings)
@@ -346,22 +343,23 @@ def _gated(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.eval:
         if args.min_score is None or not 0 <= args.min_score <= 1:
             raise BadRequestError("--eval needs --min-score, a pass mark from 0 to 1")
-        suite = Path(args.eval).expanduser()
-        body.update(suite=str(suite.resolve()) if suite.is_file() else args.eval, min_score=args.min_score)
-    decision: dict[str, Any] | None = None
+        body.update(_suite(args.eval), min_score=args.min_score)
+
+    def show(kind: str, data: Any) -> None:
+        if kind == "job":
+            print(f"{args.repo}: fetching {data['commit'][:12]} beside {str(data['previous'])[:12]}")
+        elif kind == "case":
+            print(f"  [{data['index']}/{data['total']}] {data['id']}: {data['score']:.2f} ({data['reason']})")
+
     with server_for(args, ctx) as server:
-        for kind, data in server.events("/api/hub/gated-update", body=body, timeout=3600):
-            if kind == "job":
-                print(f"{args.repo}: fetching {data['commit'][:12]} beside {str(data['previous'])[:12]}")
-            elif kind == "case":
-                where = f"[{data['index']}/{data['total']}]"
-                print(f"  {where} {data['id']}: {data['score']:.2f} ({data['reason']})")
-            elif kind == "error":
-                raise SwitchyardError(f"the gated update stopped, nothing changed: {data['message']}")
-            elif kind == "done":
-                decision = data
-    if decision is None:
-        raise SwitchyardError("the server ended the gated update without a decision; nothing was changed")
+        decision = server.outcome(
+            "/api/hub/gated-update",
+            body=body,
+            timeout=3600,
+            show=show,
+            stopped="the gated update stopped, nothing changed",
+            unfinished="the server ended the gated update without a decision; nothing was changed",
+        )
     if decision["status"] == "up_to_date":
         print(f"{args.repo}: up to date")
         return EXIT_OK
@@ -412,3 +410,12 @@ def cmd_update(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     return cmd_pull(args, ctx) if args.command == "pull" else cmd_update(args, ctx)
+
+
+def _suite(suite: str) -> dict[str, str]:
+    """A gated update's suite fields: a file is read here and sent as text (the server reads files only
+    from its suites folder, and may have another data folder than this command)."""
+    from app.quality.suite import read_suite_file
+
+    path = Path(suite).expanduser()
+    return {"suite": path.name, "suite_text": read_suite_file(path)} if path.is_file() else {"suite": suite}

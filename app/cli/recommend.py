@@ -84,6 +84,7 @@ def _calibrated(inputs: Any, ctx: CliContext) -> Any:
     import dataclasses
 
     from app.fit.plan import device_bandwidths
+    from app.lanes.engines.registry import calibrating_lanes
     from app.library.speeds import machine_calibration
     from app.library.store import Library
 
@@ -92,7 +93,8 @@ def _calibrated(inputs: Any, ctx: CliContext) -> Any:
         return inputs
     library = Library.open(ctx.paths)
     try:
-        return dataclasses.replace(inputs, speed=machine_calibration(library, bandwidth=bws))
+        speed = machine_calibration(library, bandwidth=bws, lanes=calibrating_lanes())
+        return dataclasses.replace(inputs, speed=speed)
     finally:
         library.close()
 

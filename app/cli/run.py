@@ -151,7 +151,9 @@ class LocalServer:
         from app.server.app import make_app
 
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        runner = web.AppRunner(make_app(Runtime(settings=self._settings, paths=self._ctx.paths)))
+        app = make_app(Runtime(settings=self._settings, paths=self._ctx.paths))
+        # as `serve` does: a request whose client left is cancelled, so its engine connection is closed
+        runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         try:
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import Any
+
+import aiohttp
 
 
 async def cancelled(task: asyncio.Task[Any] | None) -> None:
@@ -18,6 +20,15 @@ async def cancelled(task: asyncio.Task[Any] | None) -> None:
         await task
 
 
+async def all_cancelled(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task of `tasks`, then wait until all have finished; neither their cancellation nor
+    what they raised is raised here (a part shutting down keeps nothing of its work's failures)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
 @contextlib.asynccontextmanager
 async def running(coro: Coroutine[Any, Any, Any], *, name: str) -> AsyncIterator[asyncio.Task[Any]]:
     """Run `coro` as a task for the length of the block."""
@@ -26,3 +37,23 @@ async def running(coro: Coroutine[Any, Any, Any], *, name: str) -> AsyncIterator
         yield task
     finally:
         await cancelled(task)
+
+
+class SessionOwner:
+    """A part that owns one aiohttp client session while it is entered (the supervisor's to its engines,
+    the remotes' to theirs): it opens it on entry and closes it on exit; `http` is the session between."""
+
+    _http: aiohttp.ClientSession | None = None
+
+    def open_http(self, session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+        self._http = session
+        return session
+
+    async def close_http(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        assert self._http is not None, f"{type(self).__name__} used outside its context"
+        return self._http

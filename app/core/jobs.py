@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from app.core import statefile, tracing
+from app.core.background import all_cancelled
 from app.core.errors import ConflictError, NotFoundError, SwitchyardError
 from app.core.events import EventBus, EventKind
 
@@ -191,12 +192,7 @@ class JobRegistry:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await all_cancelled(self._tasks.values())
         for job in self._jobs.values():  # mirrored work stops with the server (downloads resume later)
             if job.state not in TERMINAL and job.kind is not JobKind.DOWNLOAD:
                 self.settle(job, JobState.CANCELLED, error="the server stopped")

@@ -54,6 +54,11 @@ class Paths:
         return self.home / "evals.db"
 
     @property
+    def suites(self) -> Path:
+        """The one folder the server reads eval suite files from (docs/evals.md#where-suites-live)."""
+        return self.home / "suites"
+
+    @property
     def imported(self) -> Path:
         """Where `switchyard import` copies models (inside the models folder)."""
         return self.models / "imported"

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from app.core import statefile
-from app.core.errors import BadRequestError, KeyExistsError, KeyNotFoundError, SettingsError
+from app.core.errors import KeyExistsError, KeyNotFoundError, SettingsError
+from app.core.names import check_short_name
 from app.core.paths import Paths
+from app.core.public import fields_of
 from app.core.vault import SERVICE, Secret, keyring_delete, keyring_get, keyring_put
 
 PREFIX = "sy-"
 ID_LEN = 8  # hex characters after the prefix; lets a presented key find its record without trying all
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # 16 MiB and about 50 ms per hash: verified keys are remembered for the process, so clients pay it once
 SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _CACHE_MAX = 1024
@@ -50,12 +51,7 @@ class KeyInfo:
     in_keyring: bool
 
     def public(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "created": self.created,
-            "last4": self.last4,
-            "in_keyring": self.in_keyring,
-        }
+        return fields_of(self, "name", "created", "last4", "in_keyring")  # the id stays in keys.json
 
 
 @dataclass(frozen=True)
@@ -78,13 +74,9 @@ class CreatedKey:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.fullmatch(name):
-        raise BadRequestError(
-            f"key name {name!r} is not allowed; use 1-64 letters, digits, '.', '_' or '-' "
-            "(name it after the client, e.g. 'editor' or 'laptop')",
-            param="name",
-        )
-    return name
+    return check_short_name(
+        name, what="key name", longest=64, note="name it after the client", example="'editor' or 'laptop'"
+    )
 
 
 def _digest(value: str, salt: bytes, params: dict[str, int]) -> bytes:

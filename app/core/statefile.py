@@ -23,8 +23,9 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
+from app.core.errors import SettingsError, SwitchyardError
 from app.core.platform import files, locks
 
 __all__ = ["DELETE", "KEEP", "dump_json", "locked", "read_text", "remove", "update", "write_atomic"]
@@ -125,3 +126,93 @@ def update(
         else:
             write_atomic(path, dump(new), mode=mode)
         return new
+
+
+class Named(Protocol):
+    """A record a `NamedRecords` file holds: found by its name, written as its public form."""
+
+    @property
+    def name(self) -> str: ...
+
+    def public(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Named)
+
+
+class NamedRecords(Generic[R]):
+    """A 0600 JSON file `{"version": 1, <key>: [record, ...]}` of records found by name (remotes.json,
+    peers.json): read without a lock, changed only by `_update` (one locked read-modify-write, so the server,
+    the CLI and the window may all change it at once and none of their changes is lost).
+
+    A subclass says what it holds: `list_key` names the list (`peers`) and `noun` one record (`peer`);
+    `missing_error` is the error for a name none has, which points to the `listing` command; `repair` says
+    what to do with a file that cannot be read; `_record` reads one record's JSON."""
+
+    list_key: ClassVar[str]
+    noun: ClassVar[str]
+    missing_error: ClassVar[type[SwitchyardError]]
+    listing: ClassVar[str]
+    repair: ClassVar[str]
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _record(self, data: Any) -> R:
+        raise NotImplementedError
+
+    def specs(self) -> list[R]:
+        try:
+            text = read_text(self.path)
+        except OSError as exc:
+            raise SettingsError(f"{self.path} cannot be read ({exc}); {self.repair}") from exc
+        return [] if text is None else self._parse(text)
+
+    def _parse(self, text: str) -> list[R]:
+        try:
+            return [self._record(d) for d in json.loads(text)[self.list_key]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SettingsError(
+                f"{self.path} is damaged ({type(exc).__name__}: {exc}); {self.repair}"
+            ) from exc
+
+    def get(self, name: str) -> R:
+        specs = self.specs()
+        for spec in specs:
+            if spec.name == name:
+                return spec
+        raise self.missing(name, specs)
+
+    def missing(self, name: str, specs: list[R]) -> SwitchyardError:
+        """The error for `name`, which none of `specs` has: it lists the names there are."""
+        known = ", ".join(s.name for s in specs) or "none"
+        return self.missing_error(
+            f"no {self.noun} named {name!r} ({self.list_key}: {known}); see `{self.listing}`"
+        )
+
+    def _drop(self, name: str) -> R:
+        """Take the record `name` out of the file and return it; `missing_error` when none has that name."""
+        gone: list[R] = []
+
+        def drop(specs: list[R]) -> list[R]:
+            gone.extend(s for s in specs if s.name == name)
+            if not gone:
+                raise self.missing(name, specs)
+            return [s for s in specs if s.name != name]
+
+        self._update(drop)
+        return gone[0]
+
+    def keyring_user(self, name: str) -> str:
+        """The keyring user (service "switchyard") that keeps the record `name`'s secret: `<noun>:<name>`."""
+        return f"{self.noun}:{name}"
+
+    def _update(self, change: Callable[[list[R]], Any]) -> Any:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return update(
+            self.path,
+            lambda specs: change(specs or []),
+            parse=self._parse,
+            dump=lambda specs: dump_json({"version": 1, self.list_key: [s.public() for s in specs]}),
+            mode=0o600,
+        )

@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from app.formats.gguf_meta import MAGIC, GGUFProblem, split_part
+from app.formats.gguf_meta import GGUFProblem, open_reader, split_part
 
 
 class LayoutProblem(Exception):
@@ -33,26 +33,10 @@ class OpenPart:
 
 def open_gguf(path: Path) -> OpenPart | GGUFProblem:
     """Open one GGUF file: checks it is non-empty, starts with b'GGUF', parses, and holds all its tensors."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        return GGUFProblem(f"cannot read {path.name}: {exc.strerror or exc}")
-    if size == 0:
-        return GGUFProblem(f"{path.name} is empty; download it again")
-    if head != MAGIC:
-        return GGUFProblem(
-            f"{path.name} is not a GGUF file (it starts with {head!r}, a GGUF starts with b'GGUF'); "
-            "replace it with a .gguf model"
-        )
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:  # the reader raises many kinds for truncated or corrupt data
-        return GGUFProblem(
-            f"the GGUF header or tensor table of {path.name} is corrupt or the file is truncated "
-            f"({type(exc).__name__}: {exc}); download it again"
-        )
+    opened = open_reader(path, named=path.name, not_gguf="replace it with a .gguf model")
+    if isinstance(opened, GGUFProblem):
+        return opened
+    size, reader = opened
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:
         return GGUFProblem(

@@ -13,6 +13,8 @@ from typing import Any
 
 import gguf
 
+from app.formats.head import file_head
+
 MAGIC = b"GGUF"
 _SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<idx>\d{5})-of-(?P<total>\d{5})$")
 
@@ -92,27 +94,36 @@ def _enum_name(enum: Any, value: Any) -> str | None:
         return f"unknown({value})"
 
 
-def read_gguf(path: Path) -> GGUFFacts | GGUFProblem:
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        return GGUFProblem(f"cannot read the file: {exc.strerror or exc}")
-    if size == 0:
-        return GGUFProblem("the file is empty; download it again")
+def open_reader(path: Path, *, named: str, not_gguf: str) -> tuple[int, Any] | GGUFProblem:
+    """`path`'s size and a memory-mapped gguf.GGUFReader over it, or why there is none: unreadable, empty,
+    not a GGUF (`not_gguf` says what to do then), or a corrupt header. Messages call the file `named`."""
+    read = file_head(path, 4, named=named)
+    if isinstance(read, str):
+        return GGUFProblem(read)
+    size, head = read
     if head != MAGIC:
         return GGUFProblem(
-            f"not a GGUF file (it starts with {head!r}, a GGUF starts with b'GGUF'); "
-            "remove it from the models folder or replace it with a .gguf model"
+            f"{named} is not a GGUF file (it starts with {head!r}, a GGUF starts with b'GGUF'); {not_gguf}"
         )
     try:
         reader = gguf.GGUFReader(str(path), "r")
     except Exception as exc:  # the reader raises many kinds for truncated or corrupt data
         return GGUFProblem(
-            f"the GGUF header or tensor table is corrupt or the file is truncated ({type(exc).__name__}: "
-            f"{exc}); download it again"
+            f"the GGUF header or tensor table of {named} is corrupt or the file is truncated "
+            f"({type(exc).__name__}: {exc}); download it again"
         )
+    return size, reader
+
+
+def read_gguf(path: Path) -> GGUFFacts | GGUFProblem:
+    opened = open_reader(
+        path,
+        named="the file",
+        not_gguf="remove it from the models folder or replace it with a .gguf model",
+    )
+    if isinstance(opened, GGUFProblem):
+        return opened
+    size, reader = opened
     split = split_part(path)
     tensor_bytes = sum(int(t.n_bytes) for t in reader.tensors)
     if split is None and tensor_bytes > size:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.formats.head import file_head
 from app.formats.hf_config import ConfigProblem, read_config
 
 GGML_MAGIC = 0x67676D6C
@@ -79,14 +80,10 @@ def is_ggml_magic(head: bytes) -> bool:
 
 
 def read_whisper_ggml(path: Path) -> WhisperGGML | SpeechProblem:
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(_HPARAMS.size + 8)
-    except OSError as exc:
-        return SpeechProblem(f"cannot read {path.name}: {exc.strerror or exc}")
-    if size == 0:
-        return SpeechProblem(f"{path.name} is empty; download it again")
+    read = file_head(path, _HPARAMS.size + 8)
+    if isinstance(read, str):
+        return SpeechProblem(read)
+    size, head = read
     if not is_ggml_magic(head):
         return SpeechProblem(
             f"{path.name} is not a ggml file (no 0x67676d6c magic); replace it with a ggml-*.bin",
@@ -172,14 +169,10 @@ def read_piper_voice(onnx_path: Path) -> PiperVoice | SpeechProblem:
     rate = data["audio"].get("sample_rate")
     if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
         return SpeechProblem(f"{config_path.name} has no usable audio.sample_rate; download it again")
-    try:
-        size = onnx_path.stat().st_size
-        with onnx_path.open("rb") as fh:
-            first = fh.read(1)
-    except OSError as exc:
-        return SpeechProblem(f"cannot read {onnx_path.name}: {exc.strerror or exc}")
-    if size == 0:
-        return SpeechProblem(f"{onnx_path.name} is empty; download it again")
+    read = file_head(onnx_path, 1)
+    if isinstance(read, str):
+        return SpeechProblem(read)
+    size, first = read
     if first != b"\x08":
         return SpeechProblem(f"{onnx_path.name} is not an ONNX model; download the voice again")
     speakers = data.get("num_speakers", 1)

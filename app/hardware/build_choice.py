@@ -7,9 +7,9 @@ the same answer, with the reason in words, so `engine ls`, `doctor`, `explain` a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
+from app.core.public import Public
 from app.hardware.model import GPUInfo, Hardware
 
 BUILDS = ("cpu", "cuda12", "cuda13", "rocm", "vulkan", "metal")
@@ -19,19 +19,16 @@ CUDA12_DRIVER = 525
 
 
 @dataclass(frozen=True)
-class Backend:
+class Backend(Public):
     """The GPU backend an engine should be built for here, and why."""
 
     build: str  # one of BUILDS
     reason: str
     gpu: str | None = None  # the GPU it is for, by name
 
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class BuildChoice:
+class BuildChoice(Public):
     """One engine's build: the backend, and the package (or extra) that carries it."""
 
     engine: str
@@ -40,8 +37,20 @@ class BuildChoice:
     # the requirement that carries the build (from the engine manifest, passed in); None where not given
     package: str | None = None
 
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass(frozen=True, kw_only=True)
+class BuildRule:
+    """Which builds an engine's package comes in, declared by its kind (app/lanes/engines/, which this layer
+    sits below) and passed in: a backend it has no build for falls back to the CPU build, saying why."""
+
+    name: str = ""  # how a fallback's reason names the engine
+    builds: frozenset[str] = frozenset()  # of BUILDS; empty: one build only
+    linux_only: frozenset[str] = frozenset()  # builds published for Linux only (MLX's CUDA wheels)
+    # what the engine needs where its CPU build is no real choice (vLLM, SGLang); None: it runs on the CPU
+    needs: str | None = None
+
+
+ONE_BUILD = BuildRule()  # an engine with one build (a voice, sd.cpp, a registered capability build)
 
 
 def _driver_major(gpu: GPUInfo) -> int | None:
@@ -87,26 +96,22 @@ def _cpu_instead(engine: str, be: Backend) -> tuple[str, str]:
     return "cpu", be.reason if be.build == "cpu" else f"{be.reason}; {engine} has no {be.build} build: CPU"
 
 
-def _engine_build(engine: str, hw: Hardware, be: Backend) -> tuple[str, str]:
+def _engine_build(rule: BuildRule, hw: Hardware, be: Backend) -> tuple[str, str]:
     """(build, reason) for one engine on `hw`, whose best backend is `be`."""
-    if engine == "llama.cpp":
+    if not rule.builds:
+        return "cpu", "one build only"
+    if be.build in rule.builds and (hw.os == "linux" or be.build not in rule.linux_only):
         return be.build, be.reason
-    if engine == "mistral.rs":
-        ok = be.build.startswith("cuda") or be.build == "metal"
-        return (be.build, be.reason) if ok else _cpu_instead("mistral.rs", be)
-    if engine == "mlx":  # MLX's CUDA builds are Linux wheels only
-        ok = be.build == "metal" or (hw.os == "linux" and be.build in ("cuda12", "cuda13"))
-        return (be.build, be.reason) if ok else _cpu_instead("MLX", be)
-    if engine in ("vllm", "sglang"):
-        if be.build.startswith("cuda") or be.build == "rocm":
-            return be.build, be.reason
-        return "cpu", f"{be.reason}; {engine} needs a CUDA or ROCm GPU"
-    return "cpu", "one build only"
+    if rule.needs is not None:
+        return "cpu", f"{be.reason}; {rule.name} needs {rule.needs}"
+    return _cpu_instead(rule.name, be)
 
 
-def choose_build(engine: str, hw: Hardware, *, packages: Mapping[str, str] | None = None) -> BuildChoice:
-    """The build `engine` (a lane id) should use on `hw`; engines with one build get `cpu`. `packages`
-    maps a build to the requirement that carries it (the engine manifest's `builds`, which this layer
-    cannot read): `package` is that build's entry, else None."""
-    build, reason = _engine_build(engine, hw, backend_for(hw))
+def choose_build(
+    engine: str, hw: Hardware, *, rule: BuildRule, packages: Mapping[str, str] | None = None
+) -> BuildChoice:
+    """The build `engine` (a lane id, whose kind declares `rule`) should use on `hw`; engines with one
+    build get `cpu`. `packages` maps a build to the requirement that carries it (the engine manifest's
+    `builds`, which this layer cannot read): `package` is that build's entry, else None."""
+    build, reason = _engine_build(rule, hw, backend_for(hw))
     return BuildChoice(engine, build, reason, (packages or {}).get(build))

@@ -7,6 +7,7 @@ cgroup up to the mount root. Inside a container the mount root is usually the co
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -43,6 +44,16 @@ def _ancestry(base: Path, rel: str | None) -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
+def _texts(base: Path, rel: str | None, name: str) -> list[str]:
+    """The text of the file `name` in base/rel and in each parent up to base, the ones that can be read
+    (a limit set higher up binds this cgroup as well)."""
+    out = []
+    for d in _ancestry(base, rel):
+        with contextlib.suppress(OSError):
+            out.append((d / name).read_text())
+    return out
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -54,14 +65,7 @@ def cgroup_memory_limit(root: Path = CGROUP_ROOT, *, self_cgroup: str | None = N
     """Bytes this process's cgroup may use (v2 `memory.max`, v1 `memory.limit_in_bytes`); None when
     unlimited or unreadable. `self_cgroup` is the text of /proc/self/cgroup (None: read it)."""
     paths = _read_self_cgroup(self_cgroup)
-    limits: list[int] = []
-    for d in _ancestry(root, paths.get("")):
-        try:
-            text = (d / "memory.max").read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limits.append(int(text))
+    limits = [int(t) for text in _texts(root, paths.get(""), "memory.max") if (t := text.strip()).isdigit()]
     for d in _ancestry(root / "memory", paths.get("memory")):
         v = _read_int(d / "memory.limit_in_bytes")
         if v is not None and 0 < v < _V1_UNLIMITED:
@@ -74,11 +78,8 @@ def cgroup_cpu_quota(root: Path = CGROUP_ROOT, *, self_cgroup: str | None = None
     unreadable."""
     paths = _read_self_cgroup(self_cgroup)
     quotas: list[float] = []
-    for d in _ancestry(root, paths.get("")):
-        try:
-            fields = (d / "cpu.max").read_text().split()
-        except OSError:
-            continue
+    for text in _texts(root, paths.get(""), "cpu.max"):
+        fields = text.split()
         try:
             if len(fields) >= 2 and fields[0] != "max" and int(fields[1]) > 0:
                 quotas.append(int(fields[0]) / int(fields[1]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from app.core.public import Public
+
 Vendor = Literal["nvidia", "amd", "intel", "apple"]
 GPUSource = Literal["nvml", "sysfs", "sysctl", "llama.cpp"]
 
@@ -45,7 +47,7 @@ class MemoryInfo:
 
 
 @dataclass(frozen=True)
-class GPUInfo:
+class GPUInfo(Public):
     """One GPU. `index` is the vendor's own enumeration order (NVML order for NVIDIA, the DRM card order
     for sysfs). On unified-memory devices the memory figures are what the driver publishes (Apple: all RAM);
     the RAM itself is in MemoryInfo."""
@@ -65,9 +67,6 @@ class GPUInfo:
     # data rate); None where the driver does not say (every other vendor, for now)
     memory_bandwidth: float | None = None
 
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class GPUScan:
@@ -78,7 +77,7 @@ class GPUScan:
 
 
 @dataclass(frozen=True)
-class EngineDevice:
+class EngineDevice(Public):
     """A device as llama.cpp (ggml) sees it, from `xllamacpp.get_device_info()`."""
 
     name: str  # backend device name: "CPU", "CUDA0", "Metal", "Vulkan0"
@@ -88,12 +87,9 @@ class EngineDevice:
     memory_total: int | None
     device_id: str | None = None  # PCI bus id where ggml reports one
 
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class Bandwidth:
+class Bandwidth(Public):
     """Memory copy bandwidth, counting bytes read plus bytes written (the STREAM "copy" convention)."""
 
     single_core: int  # bytes/s, one thread
@@ -101,12 +97,9 @@ class Bandwidth:
     threads: int
     measured_at: float  # unix time
 
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class GPUSample:
+class GPUSample(Public):
     """One GPU in a monitor sample."""
 
     index: int
@@ -114,9 +107,6 @@ class GPUSample:
     memory_used: int | None
     memory_total: int | None
     utilization_percent: int | None
-
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

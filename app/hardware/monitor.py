@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from app.core.background import cancelled
 from app.core.events import EventBus, EventKind
 from app.hardware.model import GPUSample
 from app.hardware.nvidia import load_nvml, sample_nvidia
@@ -75,11 +76,8 @@ class Monitor:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancelled(self._task)
+        self._task = None
         if self._nvml is not None:
             nvml, self._nvml = self._nvml, None
             with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ from urllib.parse import quote
 import aiohttp
 
 from app.core import statefile
+from app.core.background import all_cancelled
 from app.core.errors import (
     BadRequestError,
     DiskFullError,
@@ -240,10 +241,8 @@ class DownloadManager:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         # stopping keeps every job's recorded state: queued and running ones continue on the next start
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, *self._stopping.values(), return_exceptions=True)
+        await all_cancelled(self._tasks.values())
+        await asyncio.gather(*self._stopping.values(), return_exceptions=True)
         self._tasks.clear()
         if self._session is not None:
             await self._session.close()

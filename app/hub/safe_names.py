@@ -119,13 +119,17 @@ def _unsafe(repo: str, what: str, value: object, why: str) -> HubUnsafeAnswerErr
     )
 
 
+def _safe(repo: str, what: str, value: object, why: str | None) -> str:
+    """`value` when nothing is wrong with it (`why` is None: its rule's checker took it as a string)."""
+    if why is not None:
+        raise _unsafe(repo, what, value, why)
+    assert isinstance(value, str)
+    return value
+
+
 def check_file_name(repo: str, name: object) -> str:
     """A repository's file name from the hub, unchanged when safe."""
-    why = path_problem(name)
-    if why is not None:
-        raise _unsafe(repo, "the file name", name, why)
-    assert isinstance(name, str)
-    return name
+    return _safe(repo, "the file name", name, path_problem(name))
 
 
 def check_file_part(repo: str, name: object) -> str:
@@ -162,11 +166,7 @@ def check_blob_key(repo: str, key: object) -> str:
 
 def check_answered_repo(asked: str, answered: object) -> str:
     """The repository id the hub says it answered for (must be a safe id)."""
-    why = repo_id_problem(answered)
-    if why is not None:
-        raise _unsafe(asked, "the repository id", answered, why)
-    assert isinstance(answered, str)
-    return answered
+    return _safe(asked, "the repository id", answered, repo_id_problem(answered))
 
 
 def check_repo_id(repo: str) -> str:

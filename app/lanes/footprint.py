@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import statefile
+from app.library.footprints import footprint_entry, still_current
 
 _LINE = re.compile(
     r"(?P<device>[A-Za-z0-9_]+)\s+(?P<what>model|KV|compute|output|RS)\s+buffer size"
@@ -116,19 +117,9 @@ class FootprintStore:
 
     def record(self, lane: Any) -> None:
         """Called when a lane is ready: store its plan's prediction beside llama.cpp's own figures."""
-        if lane.plan is None or lane.measured is None:
+        entry = footprint_entry(lane)
+        if entry is None:
             return
-        path = Path(lane.plan.params.model_path)
-        st = path.stat()
-        entry = {
-            "file": str(path),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "at": time.time(),
-            "params": lane.plan.public()["params"],
-            "predicted": lane.plan.predicted(),
-            "measured": lane.measured.public(),
-        }
 
         def change(data: dict[str, Any] | None) -> dict[str, Any]:
             return {**(data or {}), lane.model_id: entry}
@@ -137,13 +128,4 @@ class FootprintStore:
         statefile.update(self.path, change, parse=self._parse, dump=lambda d: json.dumps(d, indent=1))
 
     def get(self, model_id: str, *, path: Path) -> dict[str, Any] | None:
-        entry = self._load().get(model_id)
-        if not isinstance(entry, dict):
-            return None
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        if entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
-            return None  # the file changed since: those figures belong to another file
-        return entry
+        return still_current(self._load().get(model_id), path=path)

@@ -57,7 +57,7 @@ from app.lanes.lane_requests import (
     lane_speculation,
 )
 from app.lanes.proc import EngineProcess, LogRing
-from app.lanes.target import Progress, Requests, refusal_error
+from app.lanes.target import Counted, Progress, Requests, refusal_error
 
 log = logging.getLogger("switchyard.lanes")
 FOOTPRINT_WAIT_S = 1.0  # how long llama.cpp's buffer lines may trail its readiness before we give up on them
@@ -77,7 +77,7 @@ def frozen_process(pid: int) -> bool:
     return tree_stopped(pid)
 
 
-class Lane:
+class Lane(Counted):
     def __init__(
         self,
         *,
@@ -139,25 +139,11 @@ class Lane:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def in_flight(self) -> int:
-        """Requests holding the lane now (counted by `request()`)."""
-        return self._requests.in_flight
-
-    @property
-    def last_used(self) -> float | None:
-        """When (time.time()) a request last began or ended here, or the engine last became ready."""
-        return self._requests.last_used
-
-    @property
     def draining(self) -> bool:
         """Refusing new requests while a swap waits for the ones in flight (`drained()`)."""
         return self._draining
 
     # ---- requests and drains -------------------------------------------------------------------
-    def request(self) -> contextlib.AbstractContextManager[None]:
-        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
-        return self._requests.hold()
-
     @contextlib.asynccontextmanager
     async def drained(self, *, wait_s: float) -> AsyncIterator[bool]:
         """Take no new requests for the block, entered once those in flight have ended or `wait_s`

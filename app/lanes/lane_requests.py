@@ -32,7 +32,8 @@ class Lane(Protocol):
 def lane_defaults(
     lane: Lane, body: dict[str, Any], *, route: str, settings: Settings
 ) -> dict[str, Any] | None:
-    """The output cap for a request that names none, and the LoRA scales of a `BASE+ADAPTER` id; None when
+    """The output cap for a request that names none, the LoRA scales of a `BASE+ADAPTER` id and a JSON
+    schema sent as a grammar (request_defaults.with_schema_grammar); None when
     the lane has no llama.cpp slots (its engine decides) or nothing changes."""
     ctx = lane.slot_context()
     if route not in ("chat", "completions") or ctx is None or lane.plan is None:
@@ -42,6 +43,7 @@ def lane_defaults(
     params = lane.plan.params  # a llama.cpp plan's LlamaParams (slot_context said so)
     paths, scales = getattr(params, "lora_paths", ()), getattr(params, "lora_scales", ())
     out = llama.with_adapter(out, model_id=lane.model_id, paths=paths, scales=scales) or out
+    out = llama.with_schema_grammar(out) or out  # never through the engine's chat parser (issue 31, 6)
     return out if out is not body else None
 
 

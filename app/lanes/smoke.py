@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from app.core.background import all_cancelled
 from app.core.errors import SwitchyardError
 from app.core.events import EventBus, EventKind
 from app.lanes.lane import Lane, LaneState
@@ -50,10 +51,7 @@ class SmokeTests:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await all_cancelled(self._tasks.values())
 
     def request_for(self, entry: ModelEntry) -> str | None:
         """ "chat", "embedding", or None: a model with no smoke test (rerankers, speech, images)."""

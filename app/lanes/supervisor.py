@@ -25,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 
+from app.core.background import SessionOwner, cancelled
 from app.core.errors import (
     CapabilityMissingError,
     LaneBusyError,
@@ -102,7 +103,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Supervisor:
+class Supervisor(SessionOwner):
     def __init__(
         self,
         *,
@@ -121,9 +122,9 @@ class Supervisor:
         self.log_dir = log_dir
         self.lanes: dict[str, Lane] = {}
         self._swap_lock = asyncio.Lock()
-        self._http: aiohttp.ClientSession | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dropping: set[str] = set()  # lanes whose model file was deleted, being stopped and dropped
         self.hardware: Hardware | None = None  # set by the Runtime once probed; None: no memory planning
         self.kinds: dict[str, EngineKind] = engine_kinds()
         # per model: the settle footprint of its last load (kept after it stops: the next load's need)
@@ -134,23 +135,17 @@ class Supervisor:
         self._starts: dict[str, _Prepared] = {}  # per model: its start's answers, while it starts
 
     async def __aenter__(self) -> Supervisor:
-        self._http = aiohttp.ClientSession()
+        # no pool: a connection to a local engine lives as long as its request (on loopback a connect costs
+        # less than a millisecond), so nothing is left open after a client goes away, and no request meets
+        # a pooled socket the engine closed while idle (llama.cpp's 5 s keep-alive against aiohttp's 15 s)
+        self.open_http(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
         self._reaper = asyncio.create_task(self._reap_idle(), name="ttl-reaper")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        await cancelled(self._reaper)
         await asyncio.gather(*(lane.close() for lane in self.lanes.values()), return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
-
-    @property
-    def http(self) -> aiohttp.ClientSession:
-        assert self._http is not None, "Supervisor used outside its context"
-        return self._http
+        await self.close_http()
 
     # ---- lanes ---------------------------------------------------------------------------------
     def kind_for(self, entry: ModelEntry) -> EngineKind:
@@ -500,6 +495,12 @@ class Supervisor:
             await asyncio.sleep(0.5)
             now = time.time()
             for lane in list(self.lanes.values()):
+                if self._file_gone(lane):
+                    self._dropping.add(lane.model_id)
+                    task = asyncio.create_task(self._drop_gone(lane))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    continue
                 ttl = self.ttl_of(lane)
                 if (
                     lane.available
@@ -511,6 +512,25 @@ class Supervisor:
                     task = asyncio.create_task(lane.stop(reason=f"idle for {ttl:g} s"))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+
+    def _file_gone(self, lane: Lane) -> bool:
+        """Whether `lane`'s model file (or folder) was deleted behind our back: `rm` forgets its lane itself,
+        a file removed by hand left it listed by `ps`, /api/ps and the Lanes page (issue 31)."""
+        path = getattr(getattr(lane.plan, "params", None), "model_path", None)
+        if not path or lane.in_flight or lane.model_id in self._dropping:
+            return False
+        return not os.path.exists(path)
+
+    async def _drop_gone(self, lane: Lane) -> None:
+        try:
+            log.info(
+                "the model file of %s was deleted: stopping its engine and dropping its lane", lane.model_id
+            )
+            await lane.stop(reason="its model file was deleted")
+            if self.lanes.get(lane.model_id) is lane:
+                await self.forget(lane.model_id)
+        finally:
+            self._dropping.discard(lane.model_id)
 
     def ttl_of(self, lane: Lane) -> float:
         """Idle seconds before `lane` is unloaded; 0 or less: never."""

@@ -52,6 +52,26 @@ class Requests:
                 self.idle.set()
 
 
+class Counted:
+    """What a target with a `Requests` of its own (`_requests`) answers about its requests."""
+
+    _requests: Requests
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding the target now (counted by `request()` only)."""
+        return self._requests.in_flight
+
+    @property
+    def last_used(self) -> float | None:
+        """When (time.time()) a request last began or ended here (a lane also marks its engine ready)."""
+        return self._requests.last_used
+
+    def request(self) -> contextlib.AbstractContextManager[None]:
+        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
+        return self._requests.hold()
+
+
 class Progress:
     """When a byte last came from the engine on any of its requests (time.monotonic()). A plain attribute:
     the byte relay sets it from its socket callback, once per read."""

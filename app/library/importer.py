@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.core.errors import ImportRefusedError, ModelNotFoundError
+from app.core.names import check_named
 from app.formats.detect import ModelKind, detect_format
 from app.library.catalog import Catalog
 from app.library.model import ModelEntry
@@ -34,13 +35,15 @@ _CHUNK = 1 << 20
 
 def check_id(model_id: str) -> str:
     """A library id: `name` or `org/name`, letters, digits, `.`, `_`, `-`; never `..`, `/x` or `x:y`."""
-    if len(model_id) > 200 or not _ID.match(model_id) or any(s in ("..", ".") for s in model_id.split("/")):
-        raise ImportRefusedError(
-            f"{model_id!r} is not a usable model id: use letters, digits, '.', '_' and '-', with '/' between "
-            "parts (like 'my-model' or 'org/my-model'); no '..', no leading '/', no ':'",
-            param="name",
-        )
-    return model_id
+    return check_named(
+        model_id,
+        fits=len(model_id) <= 200
+        and _ID.match(model_id) is not None
+        and not any(s in ("..", ".") for s in model_id.split("/")),
+        refusal=f"{model_id!r} is not a usable model id: use letters, digits, '.', '_' and '-', with '/' "
+        "between parts (like 'my-model' or 'org/my-model'); no '..', no leading '/', no ':'",
+        error=ImportRefusedError,
+    )
 
 
 def _default_id(src: Path) -> str:

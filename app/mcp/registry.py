@@ -3,23 +3,23 @@
 A server is a stdio command or a streamable-HTTP URL. Values of its environment variables and HTTP headers
 are secrets (tokens, mostly): the file holds only their names, the values live in the keyring under
 `mcp:NAME:env:VAR` / `mcp:NAME:header:HEADER`. Each tool has a permission (allow, ask, deny); a tool not
-named is `ask`, so a new tool never runs unseen.
+named is `ask`, so a new tool never runs unseen. A permission may also be set for one API key (the name
+`switchyard keys` gave it): the key's rule wins over the server-wide one for requests made with that key.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.core import statefile
 from app.core.errors import BadRequestError, NotFoundError, SettingsError
+from app.core.names import check_short_name
 from app.core.paths import Paths
 from app.core.vault import Secret, keyring_delete, keyring_get, keyring_put
 
 PERMISSIONS = ("allow", "ask", "deny")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,13 @@ class McpServerSpec:
     headers: dict[str, Secret] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)  # tool -> allow | ask | deny
     timeout_s: float | None = None  # the deadline of one call; None: McpBounds' default
+    keys: dict[str, dict[str, str]] = field(default_factory=dict)  # API key name -> tool -> permission
 
-    def permission(self, tool: str) -> str:
-        return self.tools.get(tool, "ask")
+    def permission(self, tool: str, *, key: str | None = None) -> str:
+        """The tool's permission for a request made with API key `key` (None: no key): the key's own
+        rule, else the server-wide one, else ask."""
+        own = self.keys.get(key, {}).get(tool) if key is not None else None
+        return own or self.tools.get(tool, "ask")
 
     def public(self) -> dict[str, Any]:
         """What the CLI and /api/mcp show: names of secrets, never their values."""
@@ -47,18 +51,27 @@ class McpServerSpec:
             "env": sorted(self.env),
             "headers": sorted(self.headers),
             "tools": dict(self.tools),
+            "keys": {k: dict(v) for k, v in self.keys.items()},
             "timeout_s": self.timeout_s,
         }
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise BadRequestError(
-            f"MCP server name {name!r} must be 1-64 letters, digits, '.', '_' or '-' (starting with a "
-            "letter or digit)",
-            param="name",
+    return check_short_name(name, what="MCP server name", longest=64, example="'files' or 'github'")
+
+
+def check_key(paths: Paths, key: str) -> str:
+    """`key` names an API key of this server (`switchyard keys ls`), so a rule for it can ever apply."""
+    from app.core.secrets import KeyStore
+
+    names = sorted(k.name for k in KeyStore.at(paths).entries())
+    if key not in names:
+        raise NotFoundError(
+            f"no API key named {key!r}; "
+            + (f"the keys are {', '.join(names)}" if names else "this server has no keys yet")
+            + " (`switchyard keys create NAME` makes one)"
         )
-    return name
+    return key
 
 
 def check_url(url: str) -> str:
@@ -106,6 +119,7 @@ class McpRegistry:
             headers={k: self._secret(name, "header", k) for k in raw.get("headers", [])},
             tools=dict(raw.get("tools", {})),
             timeout_s=raw.get("timeout_s"),
+            keys={k: dict(v) for k, v in raw.get("keys", {}).items()},
         )
 
     @staticmethod
@@ -157,6 +171,7 @@ class McpRegistry:
                 "env": sorted(env or {}),
                 "headers": sorted(headers or {}),
                 "tools": old.get("tools", {}),  # permissions outlive a re-add of the same name
+                "keys": old.get("keys", {}),
                 "timeout_s": timeout_s,
             }
             return doc
@@ -178,13 +193,18 @@ class McpRegistry:
             keyring_delete(_secret_user(name, "header", key))
         return spec
 
-    def set_permission(self, name: str, *, tool: str, permission: str) -> McpServerSpec:
+    def set_permission(
+        self, name: str, *, tool: str, permission: str, key: str | None = None
+    ) -> McpServerSpec:
+        """Set a tool's permission server-wide, or (`key`) for requests made with that API key only."""
         if permission not in PERMISSIONS:
             raise BadRequestError(f"permission must be one of {', '.join(PERMISSIONS)}", param="permission")
         self.get(name)
 
         def change(doc: Any) -> Any:
-            doc["servers"][name].setdefault("tools", {})[tool] = permission
+            server = doc["servers"][name]
+            rules = server.setdefault("tools", {}) if key is None else server.setdefault("keys", {})
+            (rules if key is None else rules.setdefault(key, {}))[tool] = permission
             return doc
 
         statefile.update(self.path, change, mode=0o600)

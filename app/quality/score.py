@@ -177,6 +177,25 @@ def check_schema(schema: Any, *, where: str = "json_schema") -> None:
         check_schema(schema["items"], where=f"{where}.items")
 
 
+# the lower and upper bound's keys, and how a value below or above reads (after its path), per kind of value
+_NUMBER_BOUNDS = ("minimum", "maximum", "is below {}", "is above {}")
+_STRING_BOUNDS = ("minLength", "maxLength", "is shorter than {}", "is longer than {}")
+_LIST_BOUNDS = ("minItems", "maxItems", "has fewer than {} items", "has more than {} items")
+
+
+def _outside(
+    size: float, schema: Mapping[str, Any], bounds: tuple[str, str, str, str], path: str
+) -> list[str]:
+    """`size` (a number, or a string's or list's length) against the schema's `bounds`."""
+    low, high, below, above = bounds
+    out = []
+    if low in schema and size < schema[low]:
+        out.append(f"{path} {below.format(schema[low])}")
+    if high in schema and size > schema[high]:
+        out.append(f"{path} {above.format(schema[high])}")
+    return out
+
+
 def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str]:
     """Every way `value` breaks `schema` (the subset above), as readable paths; empty when it conforms."""
     errors: list[str] = []
@@ -190,15 +209,9 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> lis
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path} should be one of {schema['enum']!r}")
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{path} is below {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{path} is above {schema['maximum']}")
+        errors += _outside(value, schema, _NUMBER_BOUNDS, path)
     if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            errors.append(f"{path} is shorter than {schema['minLength']}")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{path} is longer than {schema['maxLength']}")
+        errors += _outside(len(value), schema, _STRING_BOUNDS, path)
         if "pattern" in schema:
             try:
                 if not compile_pattern(str(schema["pattern"])).found(value):
@@ -206,10 +219,7 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> lis
             except PatternTimeout as exc:
                 errors.append(f"{path}: {exc}")
     if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            errors.append(f"{path} has fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errors.append(f"{path} has more than {schema['maxItems']} items")
+        errors += _outside(len(value), schema, _LIST_BOUNDS, path)
         if isinstance(schema.get("items"), dict):
             for i, item in enumerate(value):
                 errors += schema_errors(item, schema["items"], f"{path}[{i}]")

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from app.core.sqlitefile import transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -98,12 +99,8 @@ class EvalStore:
         with self._db() as db:
             db.executescript(SCHEMA)
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite3.connect(self.path, timeout=10)) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA foreign_keys=ON")
-            yield db
+    def _db(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.path, foreign_keys=True)
 
     def start(self, *, model: str, suite: str, source: str, threshold: float | None) -> int:
         with self._db() as db:

@@ -58,30 +58,87 @@ def builtin_names() -> list[str]:
     )
 
 
-def load_suite(ref: str) -> Suite:
-    """A suite by file path or built-in name; SuiteError names what is wrong and where."""
-    path = Path(ref).expanduser()
-    if path.is_file():
-        # only suite files are read, and their text is never quoted back: a path may name any file
-        if path.suffix.lower() not in SUITE_SUFFIXES:
-            raise SuiteError(
-                f"{path} is not a suite file: a suite is a {', '.join(SUITE_SUFFIXES)} file; rename it or "
-                "give a built-in suite name"
-            )
-        if path.stat().st_size > MAX_SUITE_BYTES:
-            raise SuiteError(f"{path} is over {MAX_SUITE_BYTES >> 20} MiB; split the suite")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise SuiteError(f"{path} is not UTF-8 text; save the suite as UTF-8") from None
-        return _parse(text, source=str(path), jsonl=path.suffix.lower() == ".jsonl")
+def load_suite(ref: str, *, folder: Path | None = None) -> Suite:
+    """A suite by built-in name or file; SuiteError names what is wrong and where. With `folder` (the
+    server's suites folder) a file is read only from inside it: a bare name is looked up there, and a path
+    that leads out of it (`..`, a symlink) is refused unread. Without it (the CLI, reading a user's own
+    file for them) any path is read."""
     if ref in builtin_names():
         text = resources.files(BUILTIN_PACKAGE).joinpath(f"{ref}.yaml").read_text(encoding="utf-8")
         return _parse(text, source=f"built-in suite {ref}", jsonl=False, default_name=ref)
+    path = _in_folder(ref, folder) if folder is not None else Path(ref).expanduser()
+    if path.is_file():
+        return _parse(read_suite_file(path), source=str(path), jsonl=path.suffix.lower() == ".jsonl")
+    where = f" in {folder}" if folder is not None else ""
     raise SuiteError(
-        f"no suite file {ref!r} and no built-in suite of that name; give a .yaml/.json/.jsonl file or one "
-        f"of: {', '.join(builtin_names())}"
+        f"no suite file {ref!r}{where} and no built-in suite of that name; give a .yaml/.json/.jsonl file or "
+        f"one of: {', '.join(builtin_names())}"
     )
+
+
+def _in_folder(ref: str, folder: Path) -> Path:
+    """`ref` inside `folder` (a bare name may leave out its suffix), or SuiteError before anything is
+    read: the server opens no file outside the place the docs name (docs/evals.md#where-suites-live)."""
+    root = folder.resolve()
+    given = Path(ref).expanduser()
+    path = (given if given.is_absolute() else root / given).resolve()
+    if not path.is_relative_to(root):
+        raise SuiteError(
+            f"the server reads suite files only from its suites folder, {root}: put the suite there and "
+            "give its name, or send its content (`switchyard eval --suite FILE` reads a file from anywhere "
+            "and sends it)"
+        )
+    if not path.exists() and not path.suffix:
+        for suffix in SUITE_SUFFIXES:
+            if path.with_suffix(suffix).is_file():
+                return path.with_suffix(suffix)
+    return path
+
+
+def read_suite_file(path: Path) -> str:
+    """The text of a suite file: only suite files are read, and their text is never quoted back."""
+    if path.suffix.lower() not in SUITE_SUFFIXES:
+        raise SuiteError(
+            f"{path} is not a suite file: a suite is a {', '.join(SUITE_SUFFIXES)} file; rename it or give a "
+            "built-in suite name"
+        )
+    if path.stat().st_size > MAX_SUITE_BYTES:
+        raise SuiteError(f"{path} is over {MAX_SUITE_BYTES >> 20} MiB; split the suite")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SuiteError(f"{path} is not UTF-8 text; save the suite as UTF-8") from None
+
+
+def placed_suite(ref: str, *, folder: Path) -> str:
+    """What to give the server for `ref` when it keeps the name to read later (a gate, a gated update): a
+    built-in name as it is; a suite file's name in `folder`, where a file from elsewhere is copied first
+    (checked as a suite on the way). A different suite of that name already there is refused."""
+    path = Path(ref).expanduser()
+    if ref in builtin_names() or not path.is_file():
+        return ref
+    text = read_suite_file(path)
+    root = folder.resolve()
+    if path.resolve().parent == root:
+        return path.name
+    _parse(text, source=str(path), jsonl=path.suffix.lower() == ".jsonl")
+    placed = root / path.name
+    if placed.exists() and placed.read_bytes() != text.encode("utf-8"):
+        raise SuiteError(
+            f"{placed} is another suite of the same name; rename {path.name} (the server reads suites "
+            f"only from {root})"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    placed.write_text(text, encoding="utf-8")
+    return path.name
+
+
+def suite_from_text(text: str, *, name: str) -> Suite:
+    """A suite a client sent as text; `name` is its file's name (a .jsonl one holds a case per line)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SUITE_BYTES:
+        raise SuiteError(f"suite {name!r} is over {MAX_SUITE_BYTES >> 20} MiB; split the suite")
+    jsonl = name.lower().endswith(".jsonl")
+    return _parse(text, source=name, jsonl=jsonl, default_name=Path(name).stem if name else None)
 
 
 def _parse(text: str, *, source: str, jsonl: bool, default_name: str | None = None) -> Suite:

@@ -11,10 +11,11 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from app.core.sqlitefile import transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -53,46 +54,40 @@ class AuditRecord:
         return {**asdict(self), "categories": list(self.categories)}
 
 
+# the table's columns, each named as the AuditRecord field it holds (categories as JSON, blocked as 0/1)
+_COLUMNS = (
+    "at",
+    "key_name",
+    "model",
+    "judge",
+    "stage",
+    "verdict",
+    "categories",
+    "latency_ms",
+    "blocked",
+    "reason",
+    "text",
+)
+
+
 class AuditLog:
     """The verdict log in `path` (created on first use)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=10)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.executescript(_SCHEMA)
-            with con:
-                yield con
-        finally:
-            con.close()
+    def _db(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return transaction(self.path, schema=_SCHEMA)
 
     def add(self, *records: AuditRecord) -> None:
-        rows = [
-            (
-                r.at or time.time(),
-                r.key_name,
-                r.model,
-                r.judge,
-                r.stage,
-                r.verdict,
-                json.dumps(list(r.categories)),
-                r.latency_ms,
-                int(r.blocked),
-                r.reason,
-                r.text,
-            )
+        stored = (
+            {**asdict(r), "at": r.at or time.time(), "categories": json.dumps(list(r.categories))}
             for r in records
-        ]
+        )
         with self._db() as con:
             con.executemany(
-                "INSERT INTO verdicts (at, key_name, model, judge, stage, verdict, categories, latency_ms,"
-                " blocked, reason, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                f"INSERT INTO verdicts ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                [tuple(row[c] for c in _COLUMNS) for row in stored],
             )
 
     def recent(
@@ -112,23 +107,14 @@ class AuditLog:
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         with self._db() as con:
             rows = con.execute(
-                "SELECT at, key_name, model, judge, stage, verdict, categories, latency_ms, blocked, reason,"
-                f" text FROM verdicts {clause} ORDER BY id DESC LIMIT ?",
+                f"SELECT {', '.join(_COLUMNS)} FROM verdicts {clause} ORDER BY id DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
-        return [
-            AuditRecord(
-                at=r[0],
-                key_name=r[1],
-                model=r[2],
-                judge=r[3],
-                stage=r[4],
-                verdict=r[5],
-                categories=tuple(json.loads(r[6])),
-                latency_ms=r[7],
-                blocked=bool(r[8]),
-                reason=r[9],
-                text=r[10],
-            )
-            for r in rows
-        ]
+        return [_record(r) for r in rows]
+
+
+def _record(row: tuple[Any, ...]) -> AuditRecord:
+    d = dict(zip(_COLUMNS, row, strict=True))
+    return AuditRecord(
+        **{**d, "categories": tuple(json.loads(d["categories"])), "blocked": bool(d["blocked"])}
+    )

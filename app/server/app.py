@@ -71,8 +71,13 @@ def make_app(runtime: Runtime) -> web.Application:
         async with tracing.exporting(runtime.settings.tracing_otlp_endpoint):
             yield
 
+    async def gateway_ctx(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await app[GATEWAY].close()  # its own connections to engines (the counts' pool)
+
     app.cleanup_ctx.append(tracing_ctx)
     app.cleanup_ctx.append(runtime_ctx)
+    app.cleanup_ctx.append(gateway_ctx)
     app.cleanup_ctx.append(metrics.download_counter(stats, runtime.bus))
     app.add_routes(routes_admin.routes)
     app.add_routes(routes_settings.routes)

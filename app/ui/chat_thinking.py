@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QCheckBox
 EFFORT_KEY = "reasoning_effort"
 ON, OFF = "medium", "none"
 SCHEME = "think"  # the fold's link: think:MESSAGE_ID
+TIP = "Let a thinking model reason before it answers; the reasoning is shown folded above the reply."
 
 
 class ThinkingToggle(QCheckBox):
@@ -23,11 +24,20 @@ class ThinkingToggle(QCheckBox):
 
     def __init__(self) -> None:
         super().__init__("Thinking")
-        self.setToolTip(
-            "Let a thinking model reason before it answers; the reasoning is shown folded above the reply. "
-            "Models whose chat template has no thinking switch ignore it."
-        )
+        self.setToolTip(TIP)
         self.setChecked(True)
+
+    def show_model(self, model_id: str | None, *, has_switch: bool | None) -> None:
+        """Off, with the reason, for a model whose chat template has no thinking switch (the box would do
+        nothing); on where it has one or where no template was read (the engine's own may have one)."""
+        self.setEnabled(has_switch is not False)
+        if has_switch is False:
+            self.setToolTip(
+                f"{model_id}'s chat template has no thinking switch: it answers the same either way. Pick a "
+                "thinking model (Qwen3, gpt-oss, DeepSeek-R1...) to use this."
+            )
+        else:
+            self.setToolTip(TIP)
 
     def show_sampling(self, sampling: dict[str, Any]) -> None:
         """Show a conversation's setting (without counting as a change)."""

@@ -11,6 +11,7 @@ import logging
 from types import TracebackType
 from typing import Any
 
+import shiboken6
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.chat.store import ChatStore
@@ -98,13 +99,28 @@ class Desktop:
 
     async def _release_qt(self) -> None:
         """Before Quit returns: every Python callback disconnected from Qt's side (the bridge's signal,
-        the tray's, the single-instance socket's, the tray menu's actions) and the window handed to the
-        event loop for deletion. The tray and its emptied menu go with the app (`app.ui.main.finish_qapp`)."""
+        the tray's, the single-instance socket's, the tray menu's actions), and every Qt object this
+        Desktop made without a parent deleted here, on the GUI thread.
+
+        Those objects (the window, the tray icon and its menus, the bridge, the single-instance socket)
+        are owned by their Python wrappers, and the wrappers sit in reference cycles with this Desktop
+        (the tray's `desk`, the pages' slots). A cycle is freed by Python's cyclic garbage collector on
+        whichever thread crosses its threshold: often a worker of `asyncio.to_thread` (a catalog scan,
+        an explain) of the next Desktop in the same process. Qt objects deleted from that thread ("QObject:
+        Timers cannot be stopped from another thread") crashed the tests' processes with SIGSEGV at
+        their second to fourth Desktop. Deleted now, a wrapper the collector frees later holds nothing."""
         for signal in (self.bridge.received, self.tray.activated, self.instance.server.newConnection):
             with contextlib.suppress(RuntimeError, TypeError):
                 signal.disconnect()
         self.tray.menu.clear()  # its actions hold lambdas over this Desktop
         self.window.deleteLater()
+        for _ in range(3):  # the loop deletes the window (and its pages, dialogs, timers) at once
+            await asyncio.sleep(0)
+        for obj in (*self.tray.submenus, self.tray.menu, self.tray, self.instance.server, self.bridge):
+            if shiboken6.isValid(obj):
+                shiboken6.delete(obj)
+        if shiboken6.isValid(self.window):  # not deleted by the loop (it did not run): delete it here
+            shiboken6.delete(self.window)
 
     async def run(self) -> None:
         await self.quit_event.wait()

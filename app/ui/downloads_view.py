@@ -9,6 +9,7 @@ the panel shows them beside the failed and paused jobs it brings back, until Cle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -44,7 +45,7 @@ KEPT = 20  # finished downloads remembered in ui.json
 
 
 class DownloadsPanel(QWidget):
-    def __init__(self, desk: Desk, *, report: Any) -> None:
+    def __init__(self, desk: Desk, *, report: Callable[[str], None]) -> None:
         super().__init__()
         self.desk = desk
         self.report = report
@@ -63,7 +64,8 @@ class DownloadsPanel(QWidget):
         self.clear_btn.clicked.connect(self.clear_finished)
         head.addWidget(self.clear_btn)
         lay.addLayout(head)
-        self.table = table(["Model", "Progress", "Rate", "ETA", "State", "", ""])
+        # long names wrap onto a second line: cut at the end, two quantizations of one repository looked alike
+        self.table = table(["Model", "Progress", "Rate", "ETA", "State", "", ""], wrap=True)
         self.table.setMaximumHeight(170)
         lay.addWidget(self.table, 1)
         # a failure's words go here, wrapped, so the State column stays narrow and the buttons in view

@@ -3,6 +3,7 @@ Rollback for the selected one. Installs run as the Runtime's jobs; the table fol
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QTableWidgetItem, QVBoxLayout, QWidget
@@ -26,7 +27,7 @@ _WHERE = {
 
 
 class EnginesPanel(QWidget):
-    def __init__(self, desk: Desk, *, report: Any) -> None:
+    def __init__(self, desk: Desk, *, report: Callable[[str], None]) -> None:
         super().__init__()
         self.desk = desk
         self.report = report

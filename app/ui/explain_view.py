@@ -6,6 +6,7 @@ both carry the same memory plan.
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
@@ -159,7 +160,7 @@ class ExplainView(QWidget):
         super().__init__()
         n = normalize(doc)
         lay = QVBoxLayout(self)
-        head = QLabel(f"<b>{n['summary']}</b>")
+        head = QLabel(f"<b>{escape(for_window(n['summary']), quote=False)}</b>")
         head.setWordWrap(True)
         lay.addWidget(head)
         plan = n["plan"] or {}
@@ -206,10 +207,12 @@ class ExplainView(QWidget):
             alt = ", ".join(doc["alternatives"])
             lay.addWidget(_html(f"<b>Fits here instead:</b> {alt} (a smaller quantization)"))
         lane = n["lane"] or "none"
-        reasons = "".join(f"<li>{r}</li>" for r in n["reasons"])
+        reasons = "".join(f"<li>{_words(r, n['summary'])}</li>" for r in n["reasons"])
         lay.addWidget(_html(f"<b>Lane chosen: {lane}</b><ul>{reasons}</ul>"))
         if n["rejections"]:
-            rej = "".join(f"<li><b>{r['lane']}</b>: {r['message']}</li>" for r in n["rejections"])
+            rej = "".join(
+                f"<li><b>{r['lane']}</b>: {_words(r['message'], n['summary'])}</li>" for r in n["rejections"]
+            )
             lay.addWidget(_html(f"<b>Lanes turned down</b><ul>{rej}</ul>"))
         lay.addStretch(1)
 
@@ -229,9 +232,12 @@ def _placement(p: dict[str, Any]) -> str:
         return f"does not fit{f' ({short} short)' if short else ''}"
     words = ["fits"]
     if p.get("max_ctx"):
-        words.append(f"largest context {p['max_ctx']}")
-    if p.get("tokens_per_s"):
-        words.append(f"~{p['tokens_per_s']:.0f} tok/s")
+        words.append(f"largest context {p['max_ctx']:,}")
+    guess = fmt.predicted(p.get("tokens_per_s"), p.get("tokens_per_s_range"))
+    if guess and p.get("measured_tokens_per_s"):
+        words.append(f"{guess} predicted, measured {fmt.tps(float(p['measured_tokens_per_s']))} tok/s here")
+    elif guess:  # the planner's note has the same range in other figures ("1114-11135"): said once, alike
+        words.append(guess + (" predicted from memory bandwidth" if not p.get("tokens_per_s") else ""))
     elif p.get("speed_note"):
         words.append(str(p["speed_note"]))
     return "; ".join(words)
@@ -242,15 +248,13 @@ def _speed(chosen: dict[str, Any], measured: Any, fits: bool) -> str:
     taken at another context says nothing about a plan that cannot run."""
     tps = chosen.get("tokens_per_s")
     band = chosen.get("tokens_per_s_range")
+    predicted = fmt.predicted(tps, band)
     if tps:
-        predicted = f"~{tps:.0f} tok/s" + (
-            " (calibrated on this machine)" if chosen.get("calibrated") else ""
-        )
+        predicted = f"{predicted} (calibrated on this machine)" if chosen.get("calibrated") else predicted
     elif band and float(band[1]) < 0.01:  # not "0-0 tok/s": a figure that rounds away says nothing
         predicted = "under 0.01 tok/s (too slow to use)"
     elif band:
-        low, high = fmt.tps(float(band[0])), fmt.tps(float(band[1]))
-        predicted = f"{low}-{high} tok/s (a range until a model measured here calibrates it)"
+        predicted = f"{predicted} (a range until a model measured here calibrates it)"
     else:
         predicted = None  # nothing to predict from: said once, not as "predicted not estimated"
     said = (
@@ -284,6 +288,15 @@ def _measured(doc: dict[str, Any]) -> str | None:
     if m.get("rss_bytes"):
         rows.append(f"<li>engine process: {size(m['rss_bytes'])} resident</li>")
     return f"<b>{title}</b><ul>{''.join(rows)}</ul>"
+
+
+def _words(reason: str, summary: str) -> str:
+    """A routing reason as the window says it: its commands as the window's controls, escaped for rich
+    text. "It fits: ..." repeats the plan's summary from before this model's measured speed was added to
+    it: the summary shown at the top stands in, so the two never disagree ("not measured yet")."""
+    if reason.startswith("It fits: ") and summary:
+        reason = f"It fits: {summary}"
+    return escape(for_window(reason), quote=False)
 
 
 def _html(text: str) -> QLabel:

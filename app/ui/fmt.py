@@ -56,20 +56,37 @@ def verdict(v: dict[str, Any] | None) -> str:
     parts = []
     chosen = ((v.get("plan") or {}).get("chosen")) or {}
     band = v.get("tokens_per_s_range") or chosen.get("tokens_per_s_range")
-    if v.get("verdict") == "cpu" and v.get("tokens_per_s"):
-        parts.append(f"~{tps(float(v['tokens_per_s']))} tok/s")
-    elif v.get("verdict") == "cpu" and band:  # nothing measured here yet: the honest answer is a range
-        low, high = float(band[0]), float(band[1])
-        parts.append(f"{tps(low)}-{tps(high)} tok/s" if high >= 0.01 else "under 0.01 tok/s")
-    if v.get("measured_tokens_per_s"):
-        parts.append(f"measured {tps(float(v['measured_tokens_per_s']))}")
+    if v.get("verdict") == "cpu" and (said := predicted(v.get("tokens_per_s"), band)):
+        parts.append(said)
+    if v.get("measured_tokens_per_s"):  # with its unit: a bare "measured 8417" read as a count
+        parts.append(f"measured {tps(float(v['measured_tokens_per_s']))} tok/s")
     return f"{word} ({'; '.join(parts)})" if parts else word
 
 
+def predicted(tokens_per_s: Any, band: Any) -> str | None:
+    """The predicted speed as every page says it: "~12 tok/s" once calibrated, else the bandwidth's range
+    "1.1k-11k tok/s" (both ends in one style), "under 0.01 tok/s", or None with nothing to go on."""
+    if tokens_per_s:
+        return f"~{tps(float(tokens_per_s))} tok/s"
+    if not band:
+        return None
+    return speed_range(float(band[0]), float(band[1]))
+
+
+def speed_range(low: float, high: float) -> str:
+    """A range of tokens/s; one whose low end rounds away is "under HIGH" (never "0-0.4" or "0-0")."""
+    if high < 0.01:
+        return "under 0.01 tok/s"
+    return f"{tps(low)}-{tps(high)} tok/s" if low >= 0.01 else f"under {tps(high)} tok/s"
+
+
 def tps(n: float) -> str:
-    """A speed in tokens/s, short: 12, 3.4, 0.04, 15k (two figures below 1: never "0.0")."""
-    if n >= 10_000:
+    """A speed in tokens/s, short: 12, 3.4, 0.04, 1.1k, 15k (two figures below 1: never "0.0"; thousands
+    as k, so a range's two ends read alike: "1.1k-11k", not "1114-11k")."""
+    if n >= 9_950:
         return f"{n / 1000:.0f}k"
+    if n >= 999.5:
+        return f"{n / 1000:.1f}k"
     if n >= 10:
         return f"{n:.0f}"
     if n >= 1:

@@ -8,6 +8,7 @@ as `switchyard jobs cancel` does; a job that cannot stop half-way (an engine ins
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -34,7 +35,7 @@ KIND_NAMES = {"download": "pull", "update": "update", "eval": "eval", "engine_in
 
 
 class JobsPanel(QWidget):
-    def __init__(self, desk: Desk, *, report: Any) -> None:
+    def __init__(self, desk: Desk, *, report: Callable[[str], None]) -> None:
         super().__init__()
         self.desk = desk
         self.report = report
@@ -44,7 +45,7 @@ class JobsPanel(QWidget):
         self.title = QLabel("<b>Jobs</b>")
         head.addWidget(self.title, 1)
         lay.addLayout(head)
-        self.table = table(["Job", "Kind", "Step", "Progress", ""], stretch=0)
+        self.table = table(["Job", "Kind", "Step", "Progress", ""], stretch=0, wrap=True)  # names whole
         self.empty = ToneLabel("No jobs running", "muted")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         # the table and "No jobs running" take turns in one place of one height (a header and two rows,

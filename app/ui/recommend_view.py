@@ -8,6 +8,7 @@ that does not fit warns first, naming the task's entry that fits; a second press
 from __future__ import annotations
 
 import asyncio
+import html
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -116,11 +117,15 @@ class RecommendView(QWidget):
     def show_doc(self, doc: dict[str, Any]) -> None:
         self.doc = doc
         problem = doc.get("hub_problem")
-        self.note.setText(
+        head = (
             f"The hub did not answer ({problem}), so these verdicts come from approximate sizes."
             if problem
             else "Best first for each task: what fits here, then what runs at a usable speed."
         )
+        # what `switchyard recommend` prints when nothing that fits is fast here (Recommendations.pace)
+        paces = [str(p) for p in (doc.get("pace") or {}).values() if p]
+        self.note.setTextFormat(Qt.TextFormat.RichText)  # lines apart; every line escaped
+        self.note.setText("<br>".join(html.escape(line) for line in (head, *paces)))
         self.rows = [r for recs in doc["tasks"].values() for r in recs]
         self._warned.clear()
         self.table.setRowCount(len(self.rows))

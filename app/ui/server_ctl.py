@@ -14,8 +14,10 @@ from app.core.errors import PortInUseError, SettingsError
 from app.core.events import EventKind
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
+from app.lanes.peers.registry import PeerRegistry
 from app.runtime import Runtime
 from app.server import auth, tls
+from app.server.admin import peers
 from app.server.app import forget_server, make_app, record_server, server_urls
 from app.server.listen import open_site
 
@@ -48,6 +50,11 @@ class ServerControl:
 
     async def setup(self) -> None:
         await self.runner.setup()  # enters the Runtime (cleanup_ctx)
+
+    @property
+    def peers(self) -> PeerRegistry:
+        """The paired machines, owned by this server's app (set up with it; pairing needs a TLS start)."""
+        return self.app[peers.PEERS]
 
     async def start(self) -> str:
         """Listen on the configured address; a busy port is an error, never shown as started."""
@@ -83,6 +90,8 @@ class ServerControl:
             self._publish()
             raise PortInUseError(self.error) from exc
         site, port = bound.site, bound.port
+        if material is not None and ctx is not None:  # peers pair and call over this TLS site, as with serve
+            peers.arm(self.app, cert_pem=material.cert.read_text(), ctx=ctx, host=s.host, port=port)
         _, dial = server_urls(s.host, port, scheme="https" if material else "http")
         self._site, self.url, self.error, self.tls, self.host = site, dial, None, material, s.host
         record_server(self.paths, dial=dial, host=s.host, port=port, material=material)
@@ -108,6 +117,7 @@ class ServerControl:
         if site is None:
             return
         await site.stop()
+        peers.disarm(self.app)
         forget_server(self.paths)
         self.url, self.tls, self.host = None, None, None
         self._publish()

@@ -18,7 +18,7 @@ import re
 import wave
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import aiohttp
 import numpy as np
@@ -26,6 +26,10 @@ from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
 from app.ui.window_access import Access, window_access
+
+if TYPE_CHECKING:
+    from app.chat.store import ChatStore
+    from app.ui.context import Desk
 
 RATE = 24000  # what the Realtime API takes
 CHUNK_S = 0.1
@@ -282,14 +286,33 @@ async def speak(access: Access, *, voice: str, text: str, sink: AudioSink) -> No
                     await next_one
 
 
+@runtime_checkable
+class Searches(Protocol):
+    """The Discover page, as far as the voice bar sends a person there (no import of it: a cycle)."""
+
+    def search_for(self, text: str) -> None: ...
+
+
+class ChatHost(Protocol):
+    """What the voice bar asks of its chat page (a Protocol: the page imports this module, not back)."""
+
+    desk: Desk
+    store: ChatStore
+    current: int | None
+
+    def send(self, text: str | None = None) -> asyncio.Task[Any] | None: ...
+
+    def report(self, msg: str) -> None: ...
+
+
 class VoiceBar(QWidget):
     """Hold-to-talk, the live transcript, read aloud and its stop, and what is missing, for a chat page.
 
     `page` gives `desk` (server, catalog, window), `send(text)`, `report(msg)` and its conversation
-    (`store`, `current`)."""
+    (`store`, `current`); `parent` is the page's widget, whose keys (F9) the bar listens to."""
 
-    def __init__(self, page: Any) -> None:
-        super().__init__(page)
+    def __init__(self, page: ChatHost, *, parent: QWidget) -> None:
+        super().__init__(parent)
         self.page, self.desk = page, page.desk
         self._source_factory: Callable[[], AudioSource] = MicSource
         self._sink: AudioSink = SpeakerSink()
@@ -320,7 +343,7 @@ class VoiceBar(QWidget):
         row.addWidget(self.missing)
         row.addWidget(self.get_btn)
         self._wanted = ""
-        page.installEventFilter(self)
+        parent.installEventFilter(self)
 
     # ---- what is there ---------------------------------------------------------------------------
     # the audio in and out: another source or sink (a recording, a test's) turns its button on at once
@@ -391,8 +414,8 @@ class VoiceBar(QWidget):
 
     def _discover(self) -> None:
         page = self.desk.window.show_page("Discover")
-        page.query.setText(self._wanted)
-        page.search_btn.click()
+        if isinstance(page, Searches):
+            page.search_for(self._wanted)
 
     # ---- hold to talk ----------------------------------------------------------------------------
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:

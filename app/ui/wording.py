@@ -7,9 +7,11 @@ goes through `for_window`.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from app.core.units import fmt_bytes
+from app.ui.fmt import speed_range, tps
 
 # (pattern, replacement) in order: the longer phrases first, so a shorter one does not cut them
 _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -64,15 +66,23 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "this desktop has no password store (system keyring) running",
         ),
         (r"the system keyring did not accept it \(\w+\)", "the password store refused it (is it locked?)"),
+        (
+            # the window has no field for the download folder: the docs say how to move it
+            r"\(or set hf_cache_dir to a larger disk\)",
+            "(or move the download folder to a larger disk: docs/desktop.md, A full disk, says how)",
+        ),
         (r"(?:run|retry) the pull(?: again)?|pull again(?: to retry)?", "press Resume in the Downloads list"),
         # the planner's advice names command-line flags: the window names the Library's settings
         (r" \(--kv-type (\w+)\)", r" (choose \1 under KV cache in the model's settings on the Library page)"),
     )
 )
-_BYTES = re.compile(r"\b(\d+) of (\d+) bytes\b|\b(\d{4,}) bytes\b")
+# the core writes some sizes both ways ("12582912 bytes (12.0 MiB)"): the window says the size once
+_BYTES = re.compile(r"\b(\d+) of (\d+) bytes\b|\b(\d{4,}) bytes\b(?: \((\d[\d.]* [KMGT]?i?B)\))?")
 
 
 def _sizes(m: re.Match[str]) -> str:
+    if m.group(4) is not None:
+        return m.group(4)
     if m.group(3) is not None:
         return fmt_bytes(int(m.group(3)))
     return f"{fmt_bytes(int(m.group(1)))} of {fmt_bytes(int(m.group(2)))}"
@@ -83,10 +93,29 @@ def _sizes(m: re.Match[str]) -> str:
 _TOKENS = re.compile(r"\b(context of|asked for) (\d{5,})\b")
 
 
+# the planner's speeds ("1114-11135 tokens/s", "about 43.2 tokens/s") in the figures every page uses
+_SPEEDS = re.compile(r"\b(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))? tokens/s\b")
+
+
+def _speeds(m: re.Match[str]) -> str:
+    low = float(m.group(1))
+    return speed_range(low, float(m.group(2))) if m.group(2) else f"{tps(low)} tok/s"
+
+
+def _in_sentence(m: re.Match[str], replacement: str) -> str:
+    """The replacement, its first letter a capital where it starts a sentence ("... (llama). Choose"):
+    the core's command often opened one ("`switchyard pin ...` to use ...")."""
+    said = m.expand(replacement)
+    if m.string[: m.start()].endswith((". ", "! ", "? ")):
+        return said[:1].upper() + said[1:]
+    return said
+
+
 def for_window(message: str) -> str:
-    """`message` with command lines replaced by the window's buttons, byte counts as sizes, and token
-    counts grouped by thousands."""
+    """`message` with command lines replaced by the window's buttons, byte counts as sizes, token counts
+    grouped by thousands, and speeds written as the pages write them."""
     for pattern, replacement in _RULES:
-        message = pattern.sub(replacement, message)
+        message = pattern.sub(functools.partial(_in_sentence, replacement=replacement), message)
     message = _TOKENS.sub(lambda m: f"{m.group(1)} {int(m.group(2)):,}", message)
+    message = _SPEEDS.sub(_speeds, message)
     return _BYTES.sub(_sizes, message)

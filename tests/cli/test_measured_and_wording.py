@@ -22,6 +22,7 @@ from app.core.errors import ImageTooLargeError, InvalidImageError
 from app.core.paths import Paths
 from app.fit.memory import MIB
 from app.fit.plan import rate
+from app.lanes.engines.registry import calibrating_lanes
 from app.library.db import Database
 from app.library.speeds import LoadKey, SpeedRecorder, SpeedStore, calibrate
 from app.library.store import Library
@@ -33,6 +34,8 @@ from tests.cli.test_hub import sy
 from tests.conftest import link_models, running_server
 from tests.support.fakehub import FakeHub, gguf_repo_files
 from tests.support.tinymodels import TinySpec, write_tiny_gguf, write_tiny_reranker
+
+CALIBRATING = calibrating_lanes()  # the lanes whose measured speeds calibrate the model
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:
@@ -65,7 +68,9 @@ def test_the_first_answer_after_a_load_is_shown_until_the_next_replaces_it(tmp_p
         asyncio.run(note(7))  # one chat: a figure at once, marked as the first answer only
         (row,) = SpeedStore(lib).of("m")
         assert row.gen_tps == 7.0 and row.first_only and row.public()["first_answer_only"]
-        assert calibrate([row], bandwidth=20e9) == {}  # paging-in speed never calibrates the model
+        assert (
+            calibrate([row], lanes=CALIBRATING, bandwidth=20e9) == {}
+        )  # paging-in speed never calibrates the model
         asyncio.run(note(30))  # the next answer replaces it rather than joining the median
         (row,) = SpeedStore(lib).of("m")
         assert row.gen_tps == 30.0 and row.samples == 1 and not row.first_only

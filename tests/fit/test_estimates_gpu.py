@@ -49,6 +49,7 @@ from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
 from app.hardware.model import GPUInfo, Hardware
 from app.hardware.nvidia import read_nvidia
 from app.lanes.engines.plan import LaunchPlan
+from app.lanes.engines.registry import calibrating_lanes
 from app.lanes.lane import Lane
 from app.lanes.proc import LogRing
 from app.lanes.supervisor import Supervisor
@@ -60,6 +61,8 @@ from app.runtime import Runtime
 from tests.fit.test_fit import machine, nvidia
 from tests.hardware.test_probe import A100_80, H100_A, RTX_4090, Card, FakeNVML
 from tests.support.tinymodels import LARGE, write_tiny_gguf
+
+CALIBRATING = calibrating_lanes()  # the lanes whose measured speeds calibrate the model
 
 RTX_4090_READ = 384 / 8 * 10_501e6 * 2  # bytes/s the card reads: bus width x memory clock x 2 transfers
 RTX_4090_BW = 2 * RTX_4090_READ  # on the CPU's copy scale (reads plus writes), as device_bandwidths gives it
@@ -151,7 +154,7 @@ def cpu_rows(models: dict[str, GGUFLayout]) -> list[Speed]:
 def test_the_gpu_factor_comes_from_its_own_rows_and_bandwidth(
     gpu_rows: list[Speed], cpu_rows: list[Speed]
 ) -> None:
-    cals = calibrate([*cpu_rows, *gpu_rows], bandwidth=BANDWIDTHS)
+    cals = calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth=BANDWIDTHS)
     assert set(cals) == {CPU, GPU}
     gpu = cals[GPU]
     # by hand: each model's tokens/s over (half the card's bandwidth / the bytes it reads a token)
@@ -160,17 +163,22 @@ def test_the_gpu_factor_comes_from_its_own_rows_and_bandwidth(
     assert gpu.per_token_s == 0  # no model under 16 MiB a token measured on the card
     assert 0.6 < gpu.efficiency < 0.9  # the reads reach 70-80 % of the card's figure
     # the CPU's rows and bandwidth play no part in it, and the GPU's none in the CPU's
-    assert calibrate(gpu_rows, bandwidth=BANDWIDTHS) == {GPU: gpu}
-    assert calibrate([*cpu_rows, *gpu_rows], bandwidth={CPU: CPU_BW * 4, GPU: RTX_4090_BW})[GPU] == gpu
-    assert cals[CPU] == calibrate(cpu_rows, bandwidth=CPU_BW)[CPU]
+    assert calibrate(gpu_rows, lanes=CALIBRATING, bandwidth=BANDWIDTHS) == {GPU: gpu}
+    assert (
+        calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth={CPU: CPU_BW * 4, GPU: RTX_4090_BW})[
+            GPU
+        ]
+        == gpu
+    )
+    assert cals[CPU] == calibrate(cpu_rows, lanes=CALIBRATING, bandwidth=CPU_BW)[CPU]
     assert cals[CPU].efficiency == pytest.approx(
         statistics.median(s.gen_tps / bandwidth_bound(s.bytes_per_token or 1, CPU_BW) for s in cpu_rows)
     )
     # a device with no bandwidth is not calibrated: one figure is the CPU's alone
-    assert set(calibrate([*cpu_rows, *gpu_rows], bandwidth=CPU_BW)) == {CPU}
-    assert calibrate(gpu_rows, bandwidth={CPU: CPU_BW}) == {}
+    assert set(calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth=CPU_BW)) == {CPU}
+    assert calibrate(gpu_rows, lanes=CALIBRATING, bandwidth={CPU: CPU_BW}) == {}
     # the card's own figure moves the efficiency, never what it predicts for the bytes it was fitted on
-    halved = calibrate(gpu_rows, bandwidth={GPU: RTX_4090_BW / 2})[GPU]
+    halved = calibrate(gpu_rows, lanes=CALIBRATING, bandwidth={GPU: RTX_4090_BW / 2})[GPU]
     assert halved.efficiency == pytest.approx(gpu.efficiency * 2)
     for s in gpu_rows:
         assert halved.seconds(s.bytes_per_token or 1) == pytest.approx(gpu.seconds(s.bytes_per_token or 1))
@@ -185,7 +193,7 @@ def test_full_gpu_placement_is_calibrated_by_the_gpu_factor_within_30_percent(
     assert p is not None and r.verdict == "gpu" and p.gpu_layers == N_LAYER + 1
     assert p.read_bytes == {GPU: p.bytes_per_token}
     assert p.tokens_per_s is None and "GPU memory bandwidth" in p.speed_note
-    cals = calibrate([*cpu_rows, *gpu_rows], bandwidth=BANDWIDTHS)
+    cals = calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth=BANDWIDTHS)
     c = calibrated(r, cals).chosen
     assert c is not None and c.calibrated and c.tokens_per_s_range is None and c.tokens_per_s is not None
     gpu = cals[GPU]
@@ -210,7 +218,7 @@ def test_split_placement_adds_each_devices_part(
     assert set(p.read_bytes) == {GPU, CPU} and sum(p.read_bytes.values()) == p.bytes_per_token
     kv_half = 32 * (128 + 128) * 2 * CTX.ctx_per_seq / 2  # 32 heads, K and V of 128, f16, half the context
     assert p.read_bytes[GPU] == int(16 * lay.layer_bytes[0] + 16 * kv_half)
-    cals = calibrate([*cpu_rows, *gpu_rows], bandwidth=BANDWIDTHS)
+    cals = calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth=BANDWIDTHS)
     c = calibrated(r, cals).chosen
     assert c is not None and c.calibrated and c.tokens_per_s is not None
     gpu_s = p.read_bytes[GPU] / (cals[GPU].efficiency * RTX_4090_BW / 2)
@@ -233,7 +241,7 @@ def test_split_placement_adds_each_devices_part(
 
 
 def test_a_device_with_no_rows_stays_a_range(models: dict[str, GGUFLayout], gpu_rows: list[Speed]) -> None:
-    cals = calibrate(gpu_rows, bandwidth=BANDWIDTHS)  # nothing measured on the CPU
+    cals = calibrate(gpu_rows, lanes=CALIBRATING, bandwidth=BANDWIDTHS)  # nothing measured on the CPU
     assert set(cals) == {GPU}
     r = calibrated(_plan(models["q8_0"], gpus=False), cals)
     p = r.chosen
@@ -257,13 +265,15 @@ def test_cpu_calibration_is_unchanged_by_a_gpu(models: dict[str, GGUFLayout], cp
 def test_speeds_recorded_in_library_db_calibrate_per_device(tmp_path: Path, gpu_rows: list[Speed]) -> None:
     lib = Library(Database(Paths(tmp_path).home / "library.db"))
     try:
-        store = SpeedStore(lib)
+        store = SpeedStore(lib, calibrating=CALIBRATING)
         for s in gpu_rows:
             key = LoadKey("llama.cpp", GPU, s.bytes_per_token, object())
             store.record(s.model_id, key=key, prompt_tps=s.prompt_tps, gen_tps=s.gen_tps)
         got = store.calibration(bandwidth=BANDWIDTHS)
         assert set(got) == {GPU}
-        assert got[GPU].efficiency == pytest.approx(calibrate(gpu_rows, bandwidth=BANDWIDTHS)[GPU].efficiency)
+        assert got[GPU].efficiency == pytest.approx(
+            calibrate(gpu_rows, lanes=CALIBRATING, bandwidth=BANDWIDTHS)[GPU].efficiency
+        )
         assert store.calibration(bandwidth=CPU_BW) == {}  # the CPU's figure alone calibrates no card
     finally:
         lib.close()
@@ -331,7 +341,9 @@ def test_nvml_bus_width_and_memory_clock_give_the_cards_bandwidth(gpu_rows: list
     hw = _with_cards((card,))
     assert device_bandwidths(hw) == {CPU: CPU_BW, GPU: 2 * RTX_4090_READ}
     # what the probe read is what calibrates the card's rows
-    assert calibrate(gpu_rows, bandwidth=device_bandwidths(hw)) == calibrate(gpu_rows, bandwidth=BANDWIDTHS)
+    assert calibrate(gpu_rows, lanes=CALIBRATING, bandwidth=device_bandwidths(hw)) == calibrate(
+        gpu_rows, lanes=CALIBRATING, bandwidth=BANDWIDTHS
+    )
     h100, a100 = read_nvidia(MemoryNVML([H100_A, A100_80])).gpus
     assert h100.memory_bandwidth == pytest.approx(3.35e12, rel=0.001)
     assert a100.memory_bandwidth == pytest.approx(2.039e12, rel=0.001)
@@ -429,7 +441,7 @@ async def test_load_key_files_cpu_gpu_and_split_loads_apart(
     # a split load's answers, slow as they are, move neither device's factor
     lib = Library(Database(Paths(tmp_path).home / "library.db"))
     try:
-        store = SpeedStore(lib)
+        store = SpeedStore(lib, calibrating=CALIBRATING)
         for s in gpu_rows:
             store.record(
                 s.model_id,
@@ -441,7 +453,9 @@ async def test_load_key_files_cpu_gpu_and_split_loads_apart(
         assert split_key is not None
         store.record("codellama-7b-q8_0", key=split_key, prompt_tps=900.0, gen_tps=9.0)
         assert {s.device for s in store.all()} == {GPU, SPLIT}
-        assert store.calibration(bandwidth=BANDWIDTHS) == calibrate(gpu_rows, bandwidth=BANDWIDTHS)
+        assert store.calibration(bandwidth=BANDWIDTHS) == calibrate(
+            gpu_rows, lanes=CALIBRATING, bandwidth=BANDWIDTHS
+        )
     finally:
         lib.close()
 
@@ -451,7 +465,7 @@ def test_explain_lists_each_calibrated_device(
     tmp_path: Path, gpu_rows: list[Speed], cpu_rows: list[Speed]
 ) -> None:
     entry = entry_for_path(write_tiny_gguf(tmp_path / "large.gguf", LARGE))
-    cals = calibrate([*cpu_rows, *gpu_rows], bandwidth=BANDWIDTHS)
+    cals = calibrate([*cpu_rows, *gpu_rows], lanes=CALIBRATING, bandwidth=BANDWIDTHS)
     inputs = AdviceInputs(Settings(), RTX_4090_MACHINE, pins={}, speed=cals)
     doc = explain(entry, inputs=inputs).public()
     view = doc["speed_calibration"]

@@ -23,6 +23,7 @@ from app.core.paths import Paths
 from app.fit.memory import MIB, FitParams
 from app.fit.plan import SPEED_BAND, Budget, SpeedCalibration, calibrated, plan_placements
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
+from app.lanes.engines.registry import calibrating_lanes
 from app.library.db import Database
 from app.library.speeds import LoadKey, Speed, SpeedRecorder, SpeedStore, calibrate, timings_from
 from app.library.store import Library
@@ -30,6 +31,8 @@ from app.ui import fmt
 from tests.conftest import ServerProcess, link_models, running_server
 from tests.fit.test_fit import machine
 from tests.support.tinymodels import LARGE, TinySpec, write_tiny_gguf
+
+CALIBRATING = calibrating_lanes()  # the lanes whose measured speeds calibrate the model
 
 # measured speeds calibrate predictions: taken while other tests load the machine, they disagree
 pytestmark = pytest.mark.serial
@@ -161,12 +164,12 @@ def test_calibration_learns_efficiency_and_per_token_cost() -> None:
     big = Speed("big", "llama.cpp", "CPU", None, 50.0, 100 * MIB, 5, 0.0)  # bound 95 tok/s
     small = Speed("small", "llama.cpp", "CPU", None, 2000.0, MIB // 2, 5, 0.0)
     gpu = Speed("g", "llama.cpp", "GPU", None, 10.0, 100 * MIB, 5, 0.0)
-    only_small = calibrate([small], bandwidth=bw)
-    assert only_small == {} and calibrate([big], bandwidth=None) == {}
-    (cal,) = calibrate([big, gpu], bandwidth=bw).values()
+    only_small = calibrate([small], lanes=CALIBRATING, bandwidth=bw)
+    assert only_small == {} and calibrate([big], lanes=CALIBRATING, bandwidth=None) == {}
+    (cal,) = calibrate([big, gpu], lanes=CALIBRATING, bandwidth=bw).values()
     assert cal.models == 1 and cal.per_token_s == 0
     assert cal.predict(bw / 2 / (100 * MIB)) == pytest.approx(50.0)
-    both = calibrate([big, small], bandwidth=bw)["CPU"]
+    both = calibrate([big, small], lanes=CALIBRATING, bandwidth=bw)["CPU"]
     assert both.per_token_s > 0 and both.models == 2
     for s in (big, small):  # the fixed cost comes out of the large model's efficiency: both still match
         assert both.predict(bw / 2 / (s.bytes_per_token or 1)) == pytest.approx(s.gen_tps, rel=0.05)
@@ -243,6 +246,6 @@ def test_fit_text_shows_range_calibrated_and_measured() -> None:
     ranged = {"verdict": "cpu", "tokens_per_s": None, "tokens_per_s_range": [4.2, 42.0]}
     assert fmt.verdict(ranged) == f"{fmt.VERDICT_WORDS['cpu']} (4.2-42 tok/s)"
     calibrated_v = {"verdict": "cpu", "tokens_per_s": 31.0, "measured_tokens_per_s": 30.2}
-    assert fmt.verdict(calibrated_v).endswith("(~31 tok/s; measured 30)")
+    assert fmt.verdict(calibrated_v).endswith("(~31 tok/s; measured 30 tok/s)")
     hub = {"verdict": "cpu", "tokens_per_s": None, "plan": {"chosen": {"tokens_per_s_range": [1.0, 10.0]}}}
     assert fmt.verdict(hub).endswith("(1.0-10 tok/s)")

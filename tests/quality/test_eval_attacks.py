@@ -139,7 +139,8 @@ def test_eval_cases_run_with_the_callers_x_api_key(tmp_path: Path, model_store: 
         check=True,
     )
     key = made.stdout.strip()
-    suite = home / "pinned.yaml"
+    suite = home / "suites" / "pinned.yaml"  # the one folder the server reads suites from
+    suite.parent.mkdir()
     pinned = {"grammar": 'root ::= "42"', "max_tokens": 4}
     suite.write_text(
         json.dumps({"cases": [{"id": "a", "prompt": "17+25?", "expect": {"number": 42}, "params": pinned}]})
@@ -148,7 +149,7 @@ def test_eval_cases_run_with_the_callers_x_api_key(tmp_path: Path, model_store: 
     try:
         r = httpx.post(
             server.url + "/api/evals",
-            json={"model": "tiny", "suite": str(suite)},
+            json={"model": "tiny", "suite": "pinned.yaml"},
             headers={"x-api-key": key},
             timeout=120,
         )

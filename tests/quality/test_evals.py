@@ -290,7 +290,9 @@ def _get(server: ServerProcess, path: str) -> tuple[int, Any]:
 
 
 def test_api_runs_lists_and_shows_runs(server: ServerProcess, tmp_path: Path) -> None:
-    suite = str(_suite_file(tmp_path))
+    folder = server.home / "suites"  # the one folder the server reads suites from
+    folder.mkdir(exist_ok=True)
+    suite = _suite_file(folder).name
     status, raw = _post(server, {"model": "tiny", "suite": suite, "min_score": 0.9})
     outcome = json.loads(raw)
     assert status == 200 and outcome["passed"] is False and outcome["score"] == pytest.approx(0.72)

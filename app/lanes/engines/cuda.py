@@ -22,6 +22,7 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.fit.gpu_share import Engine, plan_gpu_share, valid_tensor_parallel
 from app.formats.safetensors_meta import SafetensorsModel
+from app.hardware.build_choice import BuildRule
 from app.hardware.model import GPUInfo, Hardware
 from app.lanes.engines.kind import engine_process_env, engine_python, files_footprint, find_binary
 from app.lanes.engines.plan import ApiStyle, LaunchPlan, StartContext
@@ -237,13 +238,15 @@ def _cuda_kind(lane: str, title: str) -> CudaKind:
         title=title,
         runtime=lane,
         module=lane,
-        dists=(lane,),
         hint=f"switchyard engine install {lane} or pip install {lane} (Linux, NVIDIA GPU)",
         formats=frozenset({"safetensors"}),
         offers=frozenset({"chat", "completions", "tools"}),
         memory="fraction",
         setting_keys=(f"{lane}_extra_args",),
         install_estimate_s=600,
+        build_rule=BuildRule(
+            name=lane, builds=frozenset({"cuda12", "cuda13", "rocm"}), needs="a CUDA or ROCm GPU"
+        ),
     )
 
 

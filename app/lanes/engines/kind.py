@@ -17,10 +17,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from app.core.frozen import module_argv
 from app.core.settings import Settings
+from app.hardware.build_choice import BuildRule
 from app.hardware.model import Hardware
 from app.lanes.engines.plan import ApiStyle, DraftKind, LaunchPlan, StartContext
 from app.lanes.install.store import EngineStore
@@ -68,6 +69,11 @@ class EngineKind(Protocol):
         ...
 
     @property
+    def build_rule(self) -> BuildRule:
+        """Which builds its package comes in (app/hardware/build_choice.py chooses one for the machine)."""
+        ...
+
+    @property
     def install_estimate_s(self) -> int:
         """About how long an automatic install takes (download and unpack), for the first use's 503."""
         ...
@@ -99,6 +105,35 @@ class EngineKind(Protocol):
 
     def build(self, entry: ModelEntry, settings: Settings, start: StartContext) -> LaunchPlan:
         """The command for this model; raises a SwitchyardError saying what to do when it cannot start."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnBuild:
+    """The build a kind's engine runs as the kind itself knows it (llama.cpp: its runtime choice; a build
+    the user registered: unknown), for the engine list: `build` (cpu, cuda12, ...; None: unknown), why,
+    and the runtime that runs it (None: the engine list's own finding)."""
+
+    build: str | None
+    why: str
+    runtime: str | None = None
+
+
+@runtime_checkable
+class KnowsOwnBuild(Protocol):
+    """A kind whose build is its own choice or the user's, never the manifest's build for this machine's
+    probe (app/lanes/install/listing.py asks it instead of choosing one)."""
+
+    def own_build(self, settings: Settings, hardware: Hardware | None) -> OwnBuild: ...
+
+
+@runtime_checkable
+class FoundByRegistration(Protocol):
+    """A kind found only as a build the user registered or in its own environment, never on the app's
+    interpreter (llama.cpp's capability lane): where the engine list looks for it."""
+
+    def registered_engine(self) -> tuple[str | None, str] | None:
+        """The registered build's (version, path), or None while none is registered."""
         ...
 
 

@@ -25,6 +25,7 @@ from app.core.settings import Settings
 from app.core.speculation import Speculation, speculation_of
 from app.formats.detect import ModelKind
 from app.formats.safetensors_meta import SafetensorsModel
+from app.hardware.build_choice import BuildRule
 from app.hardware.model import Hardware
 from app.lanes.engines.mistralrs_api import LaneParams
 from app.lanes.engines.plan import DraftKind
@@ -203,4 +204,5 @@ MISTRALRS = MistralRsKind(
     threads_env="RAYON_NUM_THREADS",
     draft=DraftKind.MTP,  # an MTP assistant, paired by `with_assistant`
     install_estimate_s=90,
+    build_rule=BuildRule(name="mistral.rs", builds=frozenset({"cuda12", "cuda13", "metal"})),
 )

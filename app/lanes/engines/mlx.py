@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.core.frozen import module_argv
 from app.core.settings import Settings
+from app.hardware.build_choice import BuildRule
 from app.lanes.engines.kind import EnginePython, engine_process_env
 from app.lanes.engines.llamacpp.kind import DEFAULT_SLOT_CTX
 from app.lanes.engines.plan import ApiStyle, LaunchPlan, PromptBound, StartContext
@@ -81,7 +82,6 @@ MLX = MLXKind(
     title="MLX",
     runtime="mlx-lm",
     module="mlx_lm",
-    dists=("mlx-lm",),
     requires=(("mlx", "mlx"),),
     hint=(
         "switchyard engine install mlx (or pip install mlx-lm)"
@@ -93,6 +93,12 @@ MLX = MLXKind(
     memory="runtime-managed",
     setting_keys=("mlx_extra_args", "mlx_prompt_cache_size", "mlx_prompt_cache_mib"),
     install_estimate_s=120,
+    # Metal on Apple Silicon; MLX's CUDA builds are Linux wheels only
+    build_rule=BuildRule(
+        name="MLX",
+        builds=frozenset({"metal", "cuda12", "cuda13"}),
+        linux_only=frozenset({"cuda12", "cuda13"}),
+    ),
 )
 
 

@@ -29,7 +29,6 @@ PIPER = PiperKind(
     title="Piper",
     runtime="piper-tts",
     module="piper",
-    dists=("piper-tts",),
     hint=INSTALL_HINT,
     formats=frozenset({"piper"}),
     offers=frozenset({"speech"}),

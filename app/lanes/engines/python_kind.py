@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from app.core.errors import EngineUnavailableError
 from app.core.settings import Settings
+from app.hardware.build_choice import ONE_BUILD, BuildRule
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.engines.kind import (
@@ -45,9 +46,10 @@ class PythonEngineKind:
 
     lane: str  # the routing lane id (app/routing/engines.py)
     title: str  # how refusals name it: "cannot start 'x' on <title>"
-    runtime: str  # LaunchPlan.runtime
+    runtime: str  # LaunchPlan.runtime; the distribution that provides `module`, unless `dists` says others
     module: str  # what must import for the engine to count as installed
-    dists: tuple[str, ...]  # the distributions that provide `module`: the first one here gives the version
+    # the distributions that provide `module` (the first one installed gives the version); empty: `runtime`
+    dists: tuple[str, ...] = ()
     hint: str  # what to run when it is not installed
     formats: frozenset[str]
     offers: frozenset[str]
@@ -60,10 +62,12 @@ class PythonEngineKind:
     setting_keys: tuple[str, ...] = ()  # the Settings fields only this kind reads at a start
     draft: DraftKind = DraftKind.NONE
     install_estimate_s: int = 120  # about how long `switchyard engine install <lane>` takes
+    build_rule: BuildRule = ONE_BUILD  # which builds its package comes in
 
     def dist(self) -> str:
         """The distribution that provides the module here (its version is the engine's)."""
-        return next((d for d in self.dists if dist_version(d) is not None), self.dists[0])
+        dists = self.dists or (self.runtime,)
+        return next((d for d in dists if dist_version(d) is not None), dists[0])
 
     def install(self, settings: Settings) -> LaneInstall:
         found = module_install(self.lane, self.module, self.dist(), hint=self.hint)

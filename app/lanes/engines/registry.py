@@ -10,8 +10,10 @@ The contract of an engine kind (adding one is one line in KINDS below, in routin
   app/routing/engines.py titles and app/routing/traits.py routes to), `formats`, `offers`, `memory`
   (plan.MEMORY_KINDS), `api_style` (plan.ApiStyle: llama-server's API or OpenAI's routes), `setting_keys`
   (the Settings fields only it reads: a change restarts its lanes), `draft` (plan.DraftKind: what a
-  start pairs with the model), `install_estimate_s`, and answers `predict` (the memory a start will
-  take, before it is measured) and `window` (the context its lane reports).
+  start pairs with the model), `install_estimate_s`, `build_rule` (the builds its package comes in),
+  and answers `predict` (the memory a start will take, before it is measured) and `window` (the context
+  its lane reports). Optional hooks (kind.py `KnowsOwnBuild`, `FoundByRegistration`) carry what only
+  some kinds do, so callers ask the kind instead of its name.
 - `build(entry, settings, start)` takes the start's one frozen value (plan.StartContext: parent pid,
   port, hardware, memory other lanes hold) and returns the LaunchPlan, or raises a SwitchyardError that
   says what to do.
@@ -63,6 +65,13 @@ def engine_kinds() -> dict[str, EngineKind]:
 def kind_of(lane: str) -> EngineKind | None:
     """The registered kind of a lane id, or None for one this Switchyard does not know."""
     return next((k for k in KINDS if k.lane == lane), None)
+
+
+def calibrating_lanes() -> frozenset[str]:
+    """The lanes whose measured speeds calibrate the bandwidth speed model (app/library/speeds.py): llama.cpp
+    on its chosen runtime, whose timings the model's efficiency was fitted to. The capability lane's build
+    may be another runtime, so its speeds would teach the default build's efficiency the wrong figure."""
+    return frozenset(k.lane for k in KINDS if isinstance(k, LlamaRuntimesKind))
 
 
 def default_lane(fmt: str) -> str | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from app.core.errors import EngineUnavailableError, ModelBrokenError
 from app.core.frozen import module_argv
 from app.core.settings import Settings
+from app.hardware.build_choice import ONE_BUILD
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.engines.kind import find_binary
@@ -216,6 +217,7 @@ class SDCppKind:
     api_style = ApiStyle.OPENAI  # its images route; the gateway embeds the sampling extras in the prompt
     setting_keys: tuple[str, ...] = ("sd_extra_args", "sd_server_path")
     draft = DraftKind.NONE
+    build_rule = ONE_BUILD  # the pinned release's binary
     install_estimate_s = 120  # the pinned release (`switchyard serve --pull-only`)
 
     def predict(

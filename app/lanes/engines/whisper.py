@@ -30,7 +30,6 @@ WHISPER = WhisperKind(
     title="whisper.cpp",
     runtime="pywhispercpp",
     module="pywhispercpp",
-    dists=("pywhispercpp",),
     hint=INSTALL_HINT,
     formats=frozenset({"whisper-ggml"}),
     offers=frozenset({"transcription", "translation"}),

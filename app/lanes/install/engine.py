@@ -36,8 +36,9 @@ from app.core.errors import (
 )
 from app.core.events import EventBus, EventKind
 from app.core.platform import locks
-from app.hardware.build_choice import choose_build
+from app.hardware.build_choice import ONE_BUILD, choose_build
 from app.hardware.model import Hardware
+from app.lanes.engines.registry import kind_of
 from app.lanes.install.store import (
     EngineSpec,
     EngineState,
@@ -133,7 +134,8 @@ def chosen_build(spec: EngineSpec, hardware: Hardware | None) -> tuple[str | Non
         from app.hardware.probe import probe
 
         hardware = probe(engine=False)
-    choice = choose_build(spec.lane, hardware)
+    kind = kind_of(spec.lane)
+    choice = choose_build(spec.lane, hardware, rule=kind.build_rule if kind is not None else ONE_BUILD)
     if choice.build in spec.builds:
         return choice.build, choice.reason
     return "cpu", f"{choice.reason}; {spec.lane} has no {choice.build} package: cpu"

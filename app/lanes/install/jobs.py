@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from app.core.background import all_cancelled
 from app.core.errors import EngineBusyError, SwitchyardError
 from app.core.events import EventBus, EventKind
 from app.core.jobs import TRANSITIONS, JobState
@@ -180,9 +181,5 @@ class EngineJobs:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()  # the installer deletes its half-built folder; the current version stays
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # each installer deletes its half-built folder; the current version stays
+        await all_cancelled(self._tasks.values())

@@ -19,16 +19,15 @@ from typing import Any
 
 from app.core.errors import EngineStateError
 from app.core.settings import Settings
-from app.hardware.build_choice import choose_build
+from app.hardware.build_choice import ONE_BUILD, choose_build
 from app.hardware.model import Hardware
-from app.lanes.engines.kind import dist_version
-from app.lanes.engines.llamacpp import compat
-from app.lanes.engines.registry import engine_kinds
+from app.lanes.engines.kind import EngineKind, FoundByRegistration, KnowsOwnBuild, dist_version
+from app.lanes.engines.registry import engine_kinds, kind_of
 from app.lanes.install.containers import load_images
 from app.lanes.install.engine import build_status
-from app.lanes.install.runtimes import CONTAINER_CLIS, choose_runtime, machine_now
+from app.lanes.install.runtimes import CONTAINER_CLIS, machine_now
 from app.lanes.install.store import EngineSpec, EngineState, EngineStore, ManagedEngine, load_manifest
-from app.routing.engines import LANES, LLAMA_CPP_COMPAT, title
+from app.routing.engines import LANES, title
 from app.routing.model import LaneInstall
 
 
@@ -51,7 +50,7 @@ def engine_rows(
         except EngineStateError as exc:
             state, problem = EngineState(), exc.message
         install = kind.install(settings) if kind else None
-        found = _where(lane, spec, store, install)
+        found = _where(lane, spec, store, install, kind)
         builds = build_fields(lane, settings, hardware, machine=machine)
         if found.where == "container" and found.runtime is not None:
             found = _tagged(lane, found, builds["build"])
@@ -99,10 +98,16 @@ class Found:
     runtime: str | None = None
 
 
-def _where(lane: str, spec: EngineSpec | None, store: EngineStore, install: LaneInstall | None) -> Found:
+def _where(
+    lane: str,
+    spec: EngineSpec | None,
+    store: EngineStore,
+    install: LaneInstall | None,
+    kind: EngineKind | None,
+) -> Found:
     managed = store.current(lane) if spec else None
-    if lane == LLAMA_CPP_COMPAT:  # never the app's interpreter: only a registration or its own env
-        return _compat(managed)
+    if isinstance(kind, FoundByRegistration):  # never the app's interpreter
+        return _registered(kind.registered_engine(), managed)
     if managed is not None:
         return Found("managed", managed.version, str(managed.venv))
     if install is None or not install.installed:
@@ -118,11 +123,10 @@ def _where(lane: str, spec: EngineSpec | None, store: EngineStore, install: Lane
     return Found("path", version or None, path or None)
 
 
-def _compat(managed: ManagedEngine | None) -> Found:
-    """The capability lane: a registered build (an interpreter or a llama-server), else its own env."""
-    build = compat.registered()
-    if build is not None and (managed is None or build.path != str(managed.python)):
-        return Found("registered", build.version, build.path)
+def _registered(build: tuple[str | None, str] | None, managed: ManagedEngine | None) -> Found:
+    """A registered build (an interpreter or a llama-server: its version and path), else its own env."""
+    if build is not None and (managed is None or build[1] != str(managed.python)):
+        return Found("registered", build[0], build[1])
     if managed is not None:
         return Found("managed", managed.version, str(managed.venv))
     return Found()
@@ -152,19 +156,16 @@ def build_fields(
     lane: str, settings: Settings, hardware: Hardware | None, *, machine: Hardware | None = None
 ) -> dict[str, Any]:
     """`build` (cpu, cuda12, cuda13, rocm, vulkan, metal; None: unknown) and `build_why` for one engine:
-    llama.cpp's from the runtime chosen, the Python engines' from the probe (`machine`, else a light
-    probe), with the package the manifest names for that build."""
-    if lane == "llama.cpp":
-        choice = choose_runtime(settings, hardware)
-        return {"build": choice.build, "build_why": choice.why, "runtime": choice.runtime}
-    if lane == LLAMA_CPP_COMPAT:  # a build the user brought: what it was built for is its own
-        return {
-            "build": None,
-            "build_why": "the registered build's own (Switchyard cannot tell)",
-            "runtime": None,
-        }
+    a kind that knows its own build says it (llama.cpp: the runtime chosen; kind.KnowsOwnBuild), the
+    Python engines' comes from the probe (`machine`, else a light probe), with the package the manifest
+    names for that build."""
+    kind = kind_of(lane)
+    if isinstance(kind, KnowsOwnBuild):
+        own = kind.own_build(settings, hardware)
+        return {"build": own.build, "build_why": own.why, "runtime": own.runtime}
     spec = load_manifest().get(lane)
     packages = build_packages(spec) if spec is not None else None
-    chosen = choose_build(lane, machine or machine_now(hardware), packages=packages)
+    rule = kind.build_rule if kind is not None else ONE_BUILD
+    chosen = choose_build(lane, machine or machine_now(hardware), rule=rule, packages=packages)
     why = f"{chosen.reason} ({chosen.package})" if chosen.package else chosen.reason
     return {"build": chosen.build, "build_why": why, "runtime": None}

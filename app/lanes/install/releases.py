@@ -13,6 +13,7 @@ The releases API is GitHub's (`SWITCHYARD_RELEASES_API` points elsewhere: a mirr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -78,13 +79,7 @@ class Installed:
     sha256: str
 
     def public(self) -> dict[str, Any]:
-        return {
-            "binary": str(self.binary),
-            "tag": self.tag,
-            "key": self.key,
-            "asset": self.asset,
-            "sha256": self.sha256,
-        }
+        return {**dataclasses.asdict(self), "binary": str(self.binary)}
 
 
 @functools.lru_cache(maxsize=4)

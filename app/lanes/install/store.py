@@ -21,12 +21,14 @@ import re
 import sys
 import tempfile
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.core.errors import EngineStateError, UnknownEngineError
+from app.core.names import check_named
 from app.core.paths import Paths
+from app.core.public import Public
 from app.hardware.build_choice import BUILDS
 
 MANIFEST = Path(__file__).with_name("engines.toml")
@@ -150,11 +152,13 @@ def spec_for(lane: str) -> EngineSpec:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION.match(version) or ".." in version:
-        raise EngineStateError(
-            f"{version!r} is not a version number; give one as PyPI lists it, e.g. 1.8.0", param="version"
-        )
-    return version
+    return check_named(
+        version,
+        fits=_VERSION.match(version) is not None and ".." not in version,
+        refusal=f"{version!r} is not a version number; give one as PyPI lists it, e.g. 1.8.0",
+        error=EngineStateError,
+        param="version",
+    )
 
 
 @dataclass(frozen=True)
@@ -191,13 +195,10 @@ class InstalledVersion:
 
 
 @dataclass(frozen=True)
-class EngineState:
+class EngineState(Public):
     current: InstalledVersion | None = None
     previous: InstalledVersion | None = None
     pinned: str | None = None  # the user's pin; None: the manifest's version
-
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from app.core.errors import (
     PeerExistsError,
     PeersNeedTLSError,
     PeerUnavailableError,
-    RemoteUnavailableError,
     SettingsError,
 )
 from app.core.events import EventBus
@@ -85,6 +84,8 @@ def cert_hostname(pem: str) -> str:
 class PeerRemote(Remote):
     """A peer served as a remote: the same checks and lanes, with advice that speaks of pairing."""
 
+    noun, runs, check_command = "peer", "it runs with `serve --tls`", "switchyard peers check"
+
     def _auth_message(self, status: int) -> str:
         return (
             f"peer {self.name!r} refused this machine (HTTP {status}): the key it issued is not kept here "
@@ -92,15 +93,6 @@ class PeerRemote(Remote):
             f"`switchyard peers rm {self.name}`, then pair again with a new code from `switchyard peers "
             "invite` there"
         )
-
-    def unreachable(self, detail: str) -> RemoteUnavailableError:
-        self._set(
-            RemoteState.UNREACHABLE,
-            f"peer {self.name!r} at {self.spec.url} does not answer ({detail}); check that it runs with "
-            f"`serve --tls` and is reachable from here, then `switchyard peers check {self.name}`",
-        )
-        assert self.error is not None
-        return RemoteUnavailableError(self.error)
 
 
 class PeerRegistry:
@@ -140,6 +132,10 @@ class PeerRegistry:
         self.listening = listening
         identity.accept_peers(listening.ctx, [s.client_cert for s in self._specs_quiet()])
 
+    def disarm(self) -> None:
+        """The TLS site closed (the window's Stop): no pairing until a TLS site listens again."""
+        self.listening = None
+
     def _specs_quiet(self) -> list[PeerSpec]:
         try:
             return self.store.specs()
@@ -150,7 +146,8 @@ class PeerRegistry:
         if self.listening is None:
             raise PeersNeedTLSError(
                 "peers need this server to serve TLS: start it with `switchyard serve --tls` (and, to be "
-                "reachable from other machines, --host 0.0.0.0 with an API key)"
+                "reachable from other machines, --host 0.0.0.0 with an API key), or in the window turn on "
+                '"Allow access from the local network" on the Server page and press Start'
             )
         return self.listening
 

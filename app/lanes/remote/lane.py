@@ -12,7 +12,6 @@ one and none is kept). Every change is published once as a `remote.state` event.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Awaitable
@@ -34,7 +33,7 @@ from app.core.settings import Settings
 from app.hub.safe_names import control_problem
 from app.lanes.lane import Lane
 from app.lanes.remote.store import RemoteSpec, SeenModel, key_env_name
-from app.lanes.target import Requests, refusal_error
+from app.lanes.target import Counted, Requests, refusal_error
 
 T = TypeVar("T")
 
@@ -157,11 +156,14 @@ class Remote:
             models=len(self.models()),
         )
 
+    # what an unreachable one is called, what to check (a peer: `serve --tls`), the command that asks again
+    noun, runs, check_command = "remote", "it runs", "switchyard remote check"
+
     def unreachable(self, detail: str) -> RemoteUnavailableError:
         self._set(
             RemoteState.UNREACHABLE,
-            f"remote {self.name!r} at {self.spec.url} does not answer ({detail}); check that it runs and is "
-            f"reachable from here, then `switchyard remote check {self.name}`",
+            f"{self.noun} {self.name!r} at {self.spec.url} does not answer ({detail}); check that "
+            f"{self.runs} and is reachable from here, then `{self.check_command} {self.name}`",
         )
         assert self.error is not None
         return RemoteUnavailableError(self.error)
@@ -267,7 +269,7 @@ def describe(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__)[:300]
 
 
-class RemoteLane:
+class RemoteLane(Counted):
     """One remote model, as the gateway holds it for a request (the interface of a local Lane)."""
 
     engine = "remote"
@@ -280,19 +282,6 @@ class RemoteLane:
         self.served_name = upstream  # the name the remote knows it by
         self.id = self.model_id = f"{remote.name}/{upstream}"
         self._requests = Requests()
-
-    @property
-    def in_flight(self) -> int:
-        """Requests holding this remote model now (counted by `request()` only)."""
-        return self._requests.in_flight
-
-    @property
-    def last_used(self) -> float | None:
-        return self._requests.last_used
-
-    def request(self) -> contextlib.AbstractContextManager[None]:
-        """Count one request as in flight for the block, refreshing last_used as it begins and ends."""
-        return self._requests.hold()
 
     @property
     def available(self) -> bool:

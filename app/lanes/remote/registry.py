@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from app.core.background import SessionOwner, cancelled
 from app.core.errors import (
     BadRequestError,
     RemoteExistsError,
@@ -30,7 +31,7 @@ from app.lanes.remote.lane import Remote, RemoteLane, RemoteState
 from app.lanes.remote.store import RemoteSpec, RemoteStore, check_name, key_env_name, normalize_url
 
 
-class RemoteRegistry:
+class RemoteRegistry(SessionOwner):
     def __init__(self, store: RemoteStore, *, bus: EventBus, settings: Settings) -> None:
         self.store = store
         self.bus = bus
@@ -40,29 +41,19 @@ class RemoteRegistry:
         # remotes.json, so a re-read of that file leaves them alone
         self.attached: set[str] = set()
         self._stamp: tuple[int, int] | None = None
-        self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         # this server's id on GET /v1/models (INSTANCE_HEADER): a remote whose URL leads back here says it
         self.instance = uuid.uuid4().hex
 
     async def __aenter__(self) -> RemoteRegistry:
-        self._http = aiohttp.ClientSession()
+        self.open_http(aiohttp.ClientSession())
         self._sync()
         self._task = asyncio.create_task(self._loop(), name="remote-checks")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._http is not None:
-            await self._http.close()
-
-    @property
-    def http(self) -> aiohttp.ClientSession:
-        assert self._http is not None, "RemoteRegistry used outside its context"
-        return self._http
+        await cancelled(self._task)
+        await self.close_http()
 
     # ---- the file ------------------------------------------------------------------------------------
     def _sync(self) -> None:

@@ -17,23 +17,22 @@ removes from several processes all land.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from app.core import statefile
-from app.core.errors import BadRequestError, RemoteExistsError, RemoteNotFoundError, SettingsError
+from app.core.errors import BadRequestError, RemoteExistsError, RemoteNotFoundError
+from app.core.names import check_short_name
 from app.core.vault import Secret, SessionVault
 
 FILE_NAME = "remotes.json"
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 KEY_ENV_PREFIX = "SWITCHYARD_REMOTE_KEY_"
 KEY_SOURCES = ("env", "keyring", "session")
 
@@ -80,13 +79,13 @@ class RemoteSpec:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.fullmatch(name):
-        raise BadRequestError(
-            f"remote name {name!r} is not allowed; use 1-32 letters, digits, '.', '_' or '-' (no '/': its "
-            "models are named NAME/MODEL), e.g. 'gpu-box'",
-            param="name",
-        )
-    return name
+    return check_short_name(
+        name,
+        what="remote name",
+        longest=32,
+        note="no '/': its models are named NAME/MODEL",
+        example="'gpu-box'",
+    )
 
 
 def normalize_url(url: str) -> str:
@@ -124,15 +123,15 @@ def key_env_name(name: str) -> str:
     return KEY_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
-def _keyring_user(name: str) -> str:
-    return f"remote:{name}"
-
-
-class RemoteStore:
+class RemoteStore(statefile.NamedRecords[RemoteSpec]):
     """The remotes of one SWITCHYARD_HOME, and the keys this process can reach."""
 
+    list_key, noun, listing = "remotes", "remote", "switchyard remote ls"
+    missing_error = RemoteNotFoundError
+    repair = "fix or remove it"
+
     def __init__(self, path: Path, *, env: Mapping[str, str] | None = None) -> None:
-        self.path = path
+        super().__init__(path)
         self._env = env
         self.vault = SessionVault()  # keyring, then this process's memory
         self._lock = threading.Lock()
@@ -141,41 +140,8 @@ class RemoteStore:
     def at(cls, home: Path) -> RemoteStore:
         return cls(home / FILE_NAME)
 
-    # ---- the file ------------------------------------------------------------------------------------
-    def specs(self) -> list[RemoteSpec]:
-        try:
-            text = statefile.read_text(self.path)
-        except OSError as exc:
-            raise SettingsError(f"{self.path} cannot be read ({exc}); fix or remove it") from exc
-        return [] if text is None else self._parse(text)
-
-    def _parse(self, text: str) -> list[RemoteSpec]:
-        try:
-            return [RemoteSpec.from_json(d) for d in json.loads(text)["remotes"]]
-        except ValueError as exc:
-            raise SettingsError(f"{self.path} cannot be read ({exc}); fix or remove it") from exc
-        except (KeyError, TypeError) as exc:
-            raise SettingsError(
-                f"{self.path} is damaged ({type(exc).__name__}: {exc}); fix or remove it"
-            ) from exc
-
-    def get(self, name: str) -> RemoteSpec:
-        for spec in self.specs():
-            if spec.name == name:
-                return spec
-        known = ", ".join(s.name for s in self.specs()) or "none"
-        raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known}); see `switchyard remote ls`")
-
-    def _update(self, change: Callable[[list[RemoteSpec]], Any]) -> Any:
-        """Locked read-modify-write of remotes.json: the server, the CLI and the window may all change it
-        at once, and none of their changes is lost."""
-        return statefile.update(
-            self.path,
-            lambda specs: change(specs or []),
-            parse=self._parse,
-            dump=lambda specs: statefile.dump_json({"version": 1, "remotes": [s.public() for s in specs]}),
-            mode=0o600,
-        )
+    def _record(self, data: Any) -> RemoteSpec:
+        return RemoteSpec.from_json(data)
 
     def add(self, spec: RemoteSpec, key: Secret | None) -> tuple[RemoteSpec, str | None]:
         """Register `spec` and keep `key`; returns the stored spec and, when the key could not go into the
@@ -194,7 +160,9 @@ class RemoteStore:
                 )
             if key is None:
                 return [*specs, stored]
-            kept = self.vault.put(_keyring_user(spec.name), key)  # under the lock: never over another's key
+            kept = self.vault.put(
+                self.keyring_user(spec.name), key
+            )  # under the lock: never over another's key
             problem.append(kept.problem)
             return [*specs, dataclasses.replace(stored, key_kept=kept.where)]
 
@@ -203,19 +171,10 @@ class RemoteStore:
         return new[-1], (problem[0] if problem else None)
 
     def remove(self, name: str) -> RemoteSpec:
-        gone: list[RemoteSpec] = []
-
-        def drop(specs: list[RemoteSpec]) -> list[RemoteSpec]:
-            gone.extend(s for s in specs if s.name == name)
-            if not gone:
-                known = ", ".join(s.name for s in specs) or "none"
-                raise RemoteNotFoundError(f"no remote named {name!r} (remotes: {known})")
-            return [s for s in specs if s.name != name]
-
         with self._lock:
-            self._update(drop)
-            self.vault.forget(_keyring_user(name))
-        return gone[0]
+            gone = self._drop(name)
+            self.vault.forget(self.keyring_user(name))
+        return gone
 
     def record_seen(self, name: str, seen: tuple[SeenModel, ...]) -> None:
         """Remember what the remote listed (only when it changed: checks run every few seconds)."""
@@ -235,5 +194,5 @@ class RemoteStore:
         env = (os.environ if self._env is None else self._env).get(key_env_name(name), "").strip()
         if env:
             return Secret(env), "env"
-        value, where, _ = self.vault.find(_keyring_user(name))  # a broken keyring reads as no key here
+        value, where, _ = self.vault.find(self.keyring_user(name))  # a broken keyring reads as no key here
         return value, where

@@ -6,13 +6,19 @@ on its own when the server that started it is gone. Errors use the gateway's Ope
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
+from types import ModuleType
+from typing import TypeVar
 
 from aiohttp import web
 
 from app.core.platform.signals import on_stop_signals
-from app.lanes.parentwatch import tie_to_server
+from app.lanes.parentwatch import set_pdeathsig, tie_to_server
+from app.lanes.workers.params import JsonParams, worker_command_line
+
+P = TypeVar("P", bound=JsonParams)
 
 
 def error(
@@ -27,10 +33,25 @@ def log(message: str) -> None:
     print(f"switchyard-worker: {message}", file=sys.stderr, flush=True)
 
 
-def guard_parent(ppid: int) -> bool:
-    """Die with the server (pid `ppid`) whatever the engine is doing; False when it is already gone.
-    Called before the engine is imported: its load is where a server's death used to be missed."""
-    return tie_to_server(ppid)
+def engine_module(name: str, *, dist: str) -> ModuleType | None:
+    """The engine's module `name`, imported now; None, said on stderr, when its package `dist` is not
+    installed in this environment."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        log(f"{dist} is not installed: pip install {dist}")
+        return None
+
+
+def started(prog: str, params: type[P], argv: list[str] | None) -> P | None:
+    """A worker's first steps, before its engine is imported (its load is where a server's death used to be
+    missed): die with the server whatever the engine does, then read the params it was started with (`prog`'s
+    `--ppid N --params JSON`). None when the server is already gone."""
+    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
+    ppid, params_json = worker_command_line(prog, argv)
+    if not tie_to_server(ppid):
+        return None
+    return params.from_json(params_json)
 
 
 async def _serve(app: web.Application) -> None:

@@ -32,9 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from app.lanes.engines import mistralrs_api as api
-from app.lanes.parentwatch import set_pdeathsig
-from app.lanes.workers.http_host import error, guard_parent, log, serve
-from app.lanes.workers.params import worker_command_line
+from app.lanes.workers.http_host import error, log, serve, started
 
 _GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
@@ -290,11 +288,9 @@ def _log_load_failure(params: api.LaneParams, exc: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ppid, params_json = worker_command_line("app.lanes.workers.mistralrs", argv)
-    if not guard_parent(ppid):
-        return 3
-    params = api.LaneParams.from_json(params_json)
+    params = started("app.lanes.workers.mistralrs", api.LaneParams, argv)
+    if params is None:
+        return 3  # the server is gone
     if not Path(params.model_path).exists():
         log(f"the model is not there: {params.model_path}")
         return 4

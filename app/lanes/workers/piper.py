@@ -16,9 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from app.lanes.parentwatch import set_pdeathsig
-from app.lanes.workers.http_host import error, guard_parent, log, serve
-from app.lanes.workers.params import PiperParams, worker_command_line
+from app.lanes.workers.http_host import engine_module, error, log, serve, started
+from app.lanes.workers.params import PiperParams
 
 FORMATS = ("wav", "pcm")
 MAX_INPUT = 4096  # OpenAI's limit on `input`
@@ -95,18 +94,14 @@ def make_app(voice: Any, params: PiperParams) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ppid, params_json = worker_command_line("app.lanes.workers.piper", argv)
-    if not guard_parent(ppid):
-        return 3
-    params = PiperParams.from_json(params_json)
-    try:
-        from piper import PiperVoice
-    except ImportError:
-        log("piper-tts is not installed: pip install piper-tts")
+    params = started("app.lanes.workers.piper", PiperParams, argv)
+    if params is None:
+        return 3  # the server is gone
+    piper = engine_module("piper", dist="piper-tts")
+    if piper is None:
         return 5
     try:
-        voice = PiperVoice.load(params.model_path, config_path=params.config_path)
+        voice = piper.PiperVoice.load(params.model_path, config_path=params.config_path)
     except Exception as exc:  # onnxruntime and the config reader raise many kinds; all mean "cannot load"
         log(f"piper could not load the voice {params.model_path}: {type(exc).__name__}: {exc}")
         return 5

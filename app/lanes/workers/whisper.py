@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from app.lanes.parentwatch import set_pdeathsig
 from app.lanes.workers.audio import RATE, AudioError, decode
-from app.lanes.workers.http_host import error, guard_parent, log, serve
-from app.lanes.workers.params import WhisperParams, worker_command_line
+from app.lanes.workers.http_host import engine_module, error, log, serve, started
+from app.lanes.workers.params import WhisperParams
 from app.lanes.workers.transcript import delta, joined
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -218,20 +217,16 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    set_pdeathsig()  # first of all: the kernel kills us with the server, even while the engine loads
-    ppid, params_json = worker_command_line("app.lanes.workers.whisper", argv)
-    if not guard_parent(ppid):
-        return 3
-    params = WhisperParams.from_json(params_json)
-    try:
-        from pywhispercpp.model import Model
-    except ImportError:
-        log("pywhispercpp is not installed: pip install pywhispercpp")
+    params = started("app.lanes.workers.whisper", WhisperParams, argv)
+    if params is None:
+        return 3  # the server is gone
+    whisper = engine_module("pywhispercpp.model", dist="pywhispercpp")
+    if whisper is None:
         return 5
     try:
         # a path, never a name: given a name pywhispercpp would try to download a model. whisper.cpp's own
         # log stays on stderr (the lane's log): it says why a file does not load
-        model = Model(
+        model = whisper.Model(
             params.model_path,
             redirect_whispercpp_logs_to=False,
             n_threads=params.threads,

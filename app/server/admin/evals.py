@@ -18,7 +18,7 @@ from aiohttp import web
 from app.core.errors import BadRequestError, NotFoundError
 from app.quality.runner import http_ask, run_suite
 from app.quality.store import CaseResult, EvalStore
-from app.quality.suite import builtin_names, load_suite
+from app.quality.suite import Suite, builtin_names, load_suite, suite_from_text
 from app.server.admin.events import task_stream
 from app.server.auth import caller_key
 from app.server.gateway.request_input import path_text
@@ -51,6 +51,18 @@ def own_base_url(request: web.Request) -> tuple[str, ssl.SSLContext | None]:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return f"https://{host}:{port}/v1", context
+
+
+async def requested_suite(request: web.Request, body: dict[str, Any], ref: str) -> Suite:
+    """The suite a request names (`ref`, its `suite`): a built-in name or a file in the suites folder; or
+    the text of a suite file sent whole (`suite_text`, with `suite` the file's name). No other file is
+    read: a path elsewhere is refused unread, saying where suites go."""
+    text = body.get("suite_text")
+    if text is None:
+        return await asyncio.to_thread(load_suite, ref, folder=request.app[RUNTIME].paths.suites)
+    if not isinstance(text, str):
+        raise BadRequestError("'suite_text' must be a suite file's text (a string)", param="suite_text")
+    return await asyncio.to_thread(suite_from_text, text, name=ref)
 
 
 def _min_score(body: dict[str, Any]) -> float | None:
@@ -86,19 +98,20 @@ async def evals_one(request: web.Request) -> web.Response:
 
 @routes.post("/api/evals")
 async def evals_run(request: web.Request) -> web.StreamResponse:
-    """Run a suite against a model: `{"model", "suite": NAME|PATH, "min_score": null, "stream": false}`;
+    """Run a suite against a model: `{"model", "suite": NAME, "min_score": null, "stream": false}`;
+    `suite` is a built-in or a file in the suites folder, or the name of a suite sent as `suite_text`;
     with `stream` the cases arrive as `case` events and the outcome as `done`"""
     body = parse_body(await request.read())
     model, suite_ref = body.get("model"), body.get("suite")
     if not isinstance(model, str) or not model or not isinstance(suite_ref, str) or not suite_ref:
         raise BadRequestError(
-            "send {'model': <a model id>, 'suite': <a built-in suite name or a suite file on this machine>}",
+            "send {'model': <a model id>, 'suite': <a built-in suite name or a file in the suites folder>}",
             param="model" if not isinstance(model, str) or not model else "suite",
         )
     path_text(body, "suite")
     threshold = _min_score(body)
     await request.app[RUNTIME].catalog.aget(model)  # an unknown model is a 404 now, not a run of failed cases
-    suite = await asyncio.to_thread(load_suite, suite_ref)
+    suite = await requested_suite(request, body, suite_ref)
     base_url, context = own_base_url(request)
     key = caller_key(request)
     store = _store(request)

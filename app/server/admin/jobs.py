@@ -31,9 +31,8 @@ from app.library.sources import CANDIDATE_SUFFIX
 from app.quality.runner import http_ask, run_suite
 from app.quality.score import Ask
 from app.quality.store import CaseResult, EvalStore
-from app.quality.suite import load_suite
 from app.runtime import Runtime
-from app.server.admin.evals import own_base_url
+from app.server.admin.evals import own_base_url, requested_suite
 from app.server.admin.events import event_stream
 from app.server.admin.job_sources import JobSources
 from app.server.admin.update_gate import Emit, Gate, gated_models, gated_update_job, updatable
@@ -284,7 +283,7 @@ async def _start_eval(request: web.Request, body: dict[str, Any]) -> Job | None:
     ):
         raise BadRequestError("'min_score' must be a number from 0 to 1", param="min_score")
     await rt.catalog.aget(model)
-    suite = await asyncio.to_thread(load_suite, suite_ref)
+    suite = await requested_suite(request, body, suite_ref)
     asking = _asking(request)
 
     async def work(handle: JobHandle) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from app.core.errors import BadRequestError
 from app.mcp.calls import ToolCallLog
-from app.mcp.registry import McpRegistry
+from app.mcp.registry import McpRegistry, check_key
 from app.server.keys import RUNTIME
 from app.server.surfaces.openai.validate import parse_body
 
@@ -103,13 +103,20 @@ async def server_tools(request: web.Request) -> web.Response:
 
 @routes.put("/api/mcp/{name}/tools/{tool}")
 async def set_permission(request: web.Request) -> web.Response:
-    """Set one tool's permission: {"permission": "allow" | "ask" | "deny"}"""
+    """Set one tool's permission: {"permission": "allow" | "ask" | "deny", "key"?: an API key's name (that
+    key's own rule, which wins over the server-wide one)}"""
     body = parse_body(await request.read())
+    key = body.get("key")
+    if key is not None and not isinstance(key, str):
+        raise BadRequestError("'key' must be the name of an API key", param="key")
+    if key is not None:
+        await asyncio.to_thread(check_key, request.app[RUNTIME].paths, key)
     spec = await asyncio.to_thread(
         _registry(request).set_permission,
         request.match_info["name"],
         tool=request.match_info["tool"],
         permission=str(body.get("permission")),
+        key=key,
     )
     return web.json_response(spec.public())
 

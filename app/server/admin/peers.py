@@ -60,6 +60,12 @@ def arm(app: web.Application, *, cert_pem: str, ctx: ssl.SSLContext, host: str, 
     app[PEERS].arm(Listening(server_pem=cert_pem, ctx=ctx, host=host, port=port))
 
 
+def disarm(app: web.Application) -> None:
+    """The TLS site stopped (the window's Stop): pairing waits for the next TLS start."""
+    if PEERS in app:
+        app[PEERS].disarm()
+
+
 @web.middleware
 async def pinned_peers(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A peer's key counts only with that peer's certificate on this very connection. Unpairing

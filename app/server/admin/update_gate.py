@@ -24,7 +24,7 @@ from app.library.sources import CANDIDATE_SUFFIX
 from app.quality.runner import run_suite
 from app.quality.score import Ask
 from app.quality.store import CaseResult, EvalStore
-from app.quality.suite import load_suite
+from app.quality.suite import load_suite, suite_from_text
 from app.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class GateConflictError(ConflictError):
 class Gate:
     suite: str
     min_score: float
+    text: str | None = None  # a suite file's text sent with the request (`suite_text`); `suite` its name
 
     @classmethod
     def of(cls, rt: Runtime, model_id: str, body: dict[str, Any]) -> Gate:
@@ -55,7 +56,10 @@ class Gate:
             )
         if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
             raise BadRequestError("'min_score' must be a number from 0 to 1", param="min_score")
-        return cls(suite, float(score))
+        text = body.get("suite_text") if body.get("suite") else None
+        if text is not None and not isinstance(text, str):
+            raise BadRequestError("'suite_text' must be a suite file's text (a string)", param="suite_text")
+        return cls(suite, float(score), text)
 
 
 def gated_models(rt: Runtime, repo: str) -> list[str]:
@@ -99,7 +103,11 @@ async def gated_update(
     """Fetch, score and switch or discard, emitting `job` and `case` events on the way; `on_step` hears
     the last step begin ("decide": the switch, or the candidate's removal)."""
     repo = await updatable(rt, model_id)
-    suite = await asyncio.to_thread(load_suite, gate.suite)  # a bad suite is refused before any download
+    # a bad suite is refused before any download; no file outside the suites folder is read
+    if gate.text is not None:
+        suite = await asyncio.to_thread(suite_from_text, gate.text, name=gate.suite)
+    else:
+        suite = await asyncio.to_thread(load_suite, gate.suite, folder=rt.paths.suites)
     downloads = rt.downloads
     await asyncio.to_thread(downloads.discard, repo, revision=revision)  # an earlier gate cut short
     job = await downloads.update(repo, revision=revision, candidate=True)

@@ -8,6 +8,7 @@ request reaches the file system), with their content types fixed here.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -61,6 +62,15 @@ async def root(request: web.Request) -> web.Response:
     return web.json_response(ROOT, headers=HEADERS)
 
 
+def _listed(request: web.Request, files: Collection[str], *, missing: str) -> web.Response:
+    """The file the route's `name` names, when it is one of `files` (nothing else in the folder is served);
+    else a 404 that says `missing` (formatted with the name)."""
+    name = request.match_info["name"]
+    if name not in files:
+        raise web.HTTPNotFound(text=missing.format(name))
+    return _file(name)
+
+
 async def ui_page(request: web.Request) -> web.Response:
     """The web dashboard (an HTML page; it asks for the API key where the server needs one)"""
     return _file("index.html")
@@ -68,10 +78,7 @@ async def ui_page(request: web.Request) -> web.Response:
 
 async def ui_file(request: web.Request) -> web.Response:
     """One of the dashboard's script and style files"""
-    name = request.match_info["name"]
-    if name not in UI_FILES:
-        raise web.HTTPNotFound(text=f"no dashboard file {name!r}; the dashboard is at /ui")
-    return _file(name)
+    return _listed(request, UI_FILES, missing="no dashboard file {!r}; the dashboard is at /ui")
 
 
 async def docs_page(request: web.Request) -> web.Response:
@@ -81,10 +88,7 @@ async def docs_page(request: web.Request) -> web.Response:
 
 async def docs_file(request: web.Request) -> web.Response:
     """One of the API page's files (Swagger UI's script and style)"""
-    name = request.match_info["name"]
-    if name not in DOCS_FILES:
-        raise web.HTTPNotFound(text=f"no docs file {name!r}; the API document is at /docs")
-    return _file(name)
+    return _listed(request, DOCS_FILES, missing="no docs file {!r}; the API document is at /docs")
 
 
 TAG = "Dashboard"  # the OpenAPI tag of its routes

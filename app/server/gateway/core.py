@@ -49,6 +49,8 @@ from app.server.gateway.images import check_image_tokens, image_parts, image_tok
 from app.server.gateway.model_limits import PlannedSlots
 from app.server.gateway.prompt_window import check_window
 from app.server.gateway.raw_http import RawUpstream, open_post, read_all
+from app.server.gateway.raw_tools import raw_tool_answer, takes_raw_path
+from app.server.gateway.response_notes import mark_partial_logprobs
 from app.server.gateway.whole import WholeAnswer, stream_body
 
 log = logging.getLogger("switchyard.gateway")
@@ -61,6 +63,12 @@ PER_MESSAGE_ALLOWANCE = 32
 # prompt far over the context is refused without a tokenize call (a megabyte would take the engine minutes)
 MAX_BYTES_PER_TOKEN = 256
 TOKENIZE_DEADLINE_S = 10.0  # a count that takes longer is left to the engine, which counts it anyway
+# counts (render, tokenize: two calls per Anthropic stream) reuse their connections: a connect and close
+# cost about 250 µs of CPU per call over a kept-alive one here. Few, and idle briefly: llama.cpp gives each
+# open connection one of its HTTP threads (parallel + 2 of them), and a client's connections to the engine
+# are all gone within a second of it leaving (tests/server/gateway/test_client_leaves.py)
+COUNT_CONNECTIONS = 2
+COUNT_IDLE_S = 0.25
 Tick = Callable[[str, float], Awaitable[None]]  # (phase, seconds waited)
 
 
@@ -83,6 +91,19 @@ class Gateway:
         self.planned = PlannedSlots(rt)  # per-slot contexts for /v1/models and /api/show (kept plans)
         self.first_use = FirstUse(rt)  # engines installed when a request first needs them
         self._policy: tuple[Settings, Policy] | None = None
+        self._count_http: aiohttp.ClientSession | None = None
+
+    def counts_http(self) -> aiohttp.ClientSession:
+        """The session of the counts to local engines (made on first use, in the loop; closed by `close`)."""
+        if self._count_http is None or self._count_http.closed:
+            connector = aiohttp.TCPConnector(limit_per_host=COUNT_CONNECTIONS, keepalive_timeout=COUNT_IDLE_S)
+            self._count_http = aiohttp.ClientSession(connector=connector)
+        return self._count_http
+
+    async def close(self) -> None:
+        """Close what the gateway holds open itself (the counts' connections)."""
+        if self._count_http is not None:
+            await self._count_http.close()
 
     def policy(self) -> Policy:
         """The safety policy of the settings in force, parsed once per settings object: settings are frozen
@@ -297,7 +318,7 @@ class Gateway:
         dropped and the error says so."""
         try:
             async with asyncio.timeout(TOKENIZE_DEADLINE_S):
-                return await self.post_json(target, path, body)
+                return await self.post_json(target, path, body, http=self.counts_http())
         except TimeoutError:
             raise UpstreamRefusedError(
                 f"the engine for {target.model_id!r} took over {TOKENIZE_DEADLINE_S:g} s to answer {path}",
@@ -353,10 +374,14 @@ class Gateway:
         *,
         stream: bool = False,
         content_type: str = "application/json",
+        http: aiohttp.ClientSession | None = None,
     ) -> aiohttp.ClientResponse:
-        """`_post` in a client span, until the answer's head (the stream has its own span)."""
+        """`_post` in a client span, until the answer's head (the stream has its own span); `http`: the
+        session to use instead of the target's own."""
         with _engine_span(target, path) as sp:
-            upstream = await self._post(target, path, body, stream=stream, content_type=content_type)
+            upstream = await self._post(
+                target, path, body, stream=stream, content_type=content_type, http=http
+            )
             sp.set_attribute("http.response.status_code", upstream.status)
             return upstream
 
@@ -368,6 +393,7 @@ class Gateway:
         *,
         stream: bool = False,
         content_type: str = "application/json",
+        http: aiohttp.ClientSession | None = None,
     ) -> aiohttp.ClientResponse:
         """The one POST to a target. A dict body is sent as JSON with the target's name for the model; bytes
         go as they are (the caller renamed them if it had to). An error status is raised as the target's
@@ -380,7 +406,7 @@ class Gateway:
             # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
             # for close keeps that socket out of the pool, where the next request would find it dead
             headers["Connection"] = "close"
-        http = target.http
+        http = http or target.http
         for attempt in (1, 2):
             try:
                 upstream = await target.bounded(
@@ -457,8 +483,10 @@ class Gateway:
         finally:
             upstream.close()
 
-    async def post_json(self, target: Target, path: str, body: dict[str, Any]) -> Any:
-        upstream = await self.post(target, path, body)
+    async def post_json(
+        self, target: Target, path: str, body: dict[str, Any], *, http: aiohttp.ClientSession | None = None
+    ) -> Any:
+        upstream = await self.post(target, path, body, http=http)
         data = await self.read(target, upstream)
         try:
             return json.loads(data)
@@ -482,7 +510,17 @@ class Gateway:
 
     async def whole(self, target: Target, path: str, body: dict[str, Any], *, route: str) -> bytes:
         """The non-streamed answer to `body`, read from the engine's stream of it; the stream's connection
-        is dropped if this is cancelled (the client went away), so the engine stops generating."""
+        is dropped if this is cancelled (the client went away), so the engine stops generating. A tool
+        request whose answer the engine's own parser refused is asked again raw (gateway/raw_tools.py)."""
+        try:
+            return await self._whole(target, path, body, route=route)
+        except SwitchyardError as exc:
+            if route != "chat" or not takes_raw_path(exc, body, engine=target.engine):
+                raise
+            log.info("%s: the engine's parser refused a tool answer; asking on the raw path", target.model_id)
+        return await raw_tool_answer(self.post_json, target, body)
+
+    async def _whole(self, target: Target, path: str, body: dict[str, Any], *, route: str) -> bytes:
         upstream = await self.post(target, path, stream_body(body), stream=True)
         folded = WholeAnswer(route)
         try:
@@ -498,6 +536,8 @@ class Gateway:
         answer = folded.answer()
         if (why := self.draft_unsuited(target, body)) is not None and isinstance(answer.get("timings"), dict):
             answer["timings"]["draft_unsuited"] = why
+        if (partial := target.logprobs_partial(body)) is not None:
+            mark_partial_logprobs(answer, partial)  # the body says it too (issue 31, defect 17)
         return json.dumps(answer, ensure_ascii=False).encode()
 
     async def deltas(self, target: Target, upstream: aiohttp.ClientResponse) -> AsyncGenerator[Delta, None]:

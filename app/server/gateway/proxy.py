@@ -22,6 +22,7 @@ from aiohttp import web
 from app.core.errors import SwitchyardError
 from app.lanes.lane_requests import speaks_llama_server
 from app.lanes.target import Target
+from app.server.gateway.body_bytes import changed_body
 from app.server.gateway.completion_ids import CompletionIds
 from app.server.gateway.core import Gateway, chat_has_images
 from app.server.gateway.forced_call import forced_call_body, needs_forced_call
@@ -104,9 +105,11 @@ async def forward(request: web.Request, *, route: str, path: str) -> web.StreamR
                 has_images=route == "chat" and chat_has_images(body),
             )
             if (slotted := await gw.pin_slot(target, body, route=route)) is not None:
-                body, raw = slotted, json.dumps(slotted).encode()  # its llama.cpp slot (the session bank)
+                raw = changed_body(raw, body, slotted)  # its llama.cpp slot (the session bank)
+                body = slotted
             if route != "embeddings" and (clamped := clamp_to_slot(target, body)) is not None:
-                body, raw = clamped[0], json.dumps(clamped[0]).encode()  # more output than the slot holds
+                raw = changed_body(raw, body, clamped[0])  # more output than the slot holds
+                body = clamped[0]
                 note(request, clamped[1])
             if (partial := target.logprobs_partial(body)) is not None:
                 note(request, {LOGPROBS_HEADER: partial})  # said, since they cannot all be returned

@@ -9,6 +9,8 @@ found later: the request still runs as noted.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 NOTES: web.RequestKey[dict[str, str]] = web.RequestKey("response_notes", dict)
@@ -23,6 +25,15 @@ def note(request: web.Request, headers: dict[str, str]) -> None:
 async def _send_notes(request: web.Request, response: web.StreamResponse) -> None:
     for name, value in request.get(NOTES, {}).items():
         response.headers.setdefault(name, value)
+
+
+def mark_partial_logprobs(answer: dict[str, Any], why: str) -> None:
+    """Say in a whole answer's body, beside its header, why its log probabilities cover only some tokens:
+    each choice's `logprobs` object gets `"partial": why` (clients keep fields they do not know). A stream
+    is relayed as the engine wrote it: its header says it."""
+    for choice in answer.get("choices") or ():
+        if isinstance(choice, dict) and isinstance(choice.get("logprobs"), dict):
+            choice["logprobs"]["partial"] = why
 
 
 def install(app: web.Application) -> None:

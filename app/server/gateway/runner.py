@@ -15,19 +15,21 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from app.chat.deltas import Delta
 from app.core.errors import SwitchyardError
 from app.lanes.target import Target
 from app.server.gateway.core import Gateway
 from app.server.gateway.forced_call import forced_call_body, needs_forced_call
 from app.server.gateway.images import check_request_images
 from app.server.gateway.output_clamp import clamp_to_slot
+from app.server.gateway.raw_tools import raw_tool_deltas, takes_raw_path
 from app.server.gateway.relay import translate_raw
 from app.server.gateway.response_notes import note
 from app.server.gateway.safety_gate import GATE, answers_judged, check_request, gate_for, judging
@@ -115,11 +117,13 @@ async def run(request: web.Request, call: Call, translator: Translator) -> web.S
             if call.stream:
                 return await _stream(request, gw, target, upstream, call, tr, resp, encoding)
             try:
-                async with contextlib.aclosing(judging(request, gw.deltas(target, upstream))) as deltas:
-                    async for delta in deltas:
-                        tr.feed(delta)
-                        if tr.stopped:
-                            break
+                await _fold(request, gw.deltas(target, upstream), tr)
+            except SwitchyardError as exc:
+                if route != "chat" or not takes_raw_path(exc, call.body, engine=target.engine):
+                    raise
+                # the engine's own parser refused its answer: asked again raw, into a fresh translation
+                tr = RecoveringRun(TranslatedRun(translator, encoding=encoding), model=call.model)
+                await _fold(request, raw_tool_deltas(gw.post_json, target, call.body), tr)
             finally:
                 upstream.close()  # closing (not releasing) drops the socket: the engine stops work for us
             await _settle(gw, target, call, tr)
@@ -134,6 +138,15 @@ async def run(request: web.Request, call: Call, translator: Translator) -> web.S
     await answer.prepare(request)  # answered before anything the route does next (Ollama's unload)
     await answer.write_eof()
     return answer
+
+
+async def _fold(request: web.Request, source: AsyncGenerator[Delta, None], tr: Translation) -> None:
+    """Feed a whole answer's deltas to `tr` (judged where the request's policy judges answers)."""
+    async with contextlib.aclosing(judging(request, source)) as deltas:
+        async for delta in deltas:
+            tr.feed(delta)
+            if tr.stopped:
+                break
 
 
 async def _stream(

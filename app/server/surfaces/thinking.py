@@ -13,13 +13,23 @@ from typing import Any
 from app.core.errors import BadRequestError
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+SWITCHES = ("enable_thinking", "reasoning_effort")  # the template variables effort_kwargs sets
+
+
+def template_has_switch(template: str | None) -> bool | None:
+    """Whether a chat template reads one of the thinking switches; None when no template was read (the
+    engine then uses its own, which may have one)."""
+    if template is None:
+        return None
+    return any(name in template for name in SWITCHES)
 
 
 def effort_kwargs(effort: Any, *, param: str) -> dict[str, Any]:
     """`chat_template_kwargs` for `effort`; thinking is off for none and minimal."""
     if effort not in EFFORTS:
         raise BadRequestError(f"{param} must be one of {', '.join(EFFORTS)}, got {effort!r}", param=param)
-    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": effort}
+    on, effort_name = SWITCHES
+    return {on: effort not in ("none", "minimal"), effort_name: effort}
 
 
 def with_reasoning_effort(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -7,9 +7,10 @@ holds what most share); the one `TranslatedRun` frames them with the surface's `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.chat.deltas import Delta
+from app.chat.deltas import Delta, Text
 from app.core.errors import SwitchyardError
 
 if TYPE_CHECKING:
@@ -47,9 +48,15 @@ class Translation(Protocol):
         ...
 
 
+FramedText = Callable[[str], "bytes | None"]
+
+
 class Translator(Protocol):
     """A surface's translator: the engine's deltas as that API's pieces (named events for Anthropic and
-    Responses, objects for Ollama), which the surface's `Encoding.frame` turns into bytes."""
+    Responses, objects for Ollama), which the surface's `Encoding.frame` turns into bytes.
+
+    It may also have `framed_text(text) -> bytes | None`: the bytes `frame(feed(Text(text)))` would give,
+    made directly for the common text piece (None: `feed` decides), the hot path of a long answer."""
 
     model: str
     # a failure before the opening is sent still opens the stream first (Responses' created/in_progress)
@@ -112,6 +119,9 @@ class TranslatedRun:
         self.tr = tr
         self.encoding = encoding
         self._opened = False
+        # a translator's own bytes for the common text piece (MessageTranslator.framed_text), where it
+        # has them: the event is then never built as an object and encoded
+        self._framed_text: FramedText | None = getattr(tr, "framed_text", None)
 
     @property
     def stopped(self) -> bool:
@@ -126,6 +136,10 @@ class TranslatedRun:
         return self.encoding.frame(self.tr.start())
 
     def feed(self, delta: Delta) -> bytes:
+        if self._framed_text is not None and type(delta) is Text:
+            framed = self._framed_text(delta.text)
+            if framed is not None:
+                return framed
         pieces = self.tr.feed(delta)
         return self.encoding.frame(pieces) if pieces else b""
 

@@ -14,6 +14,11 @@ from typing import Any
 _JSON = json.JSONEncoder(ensure_ascii=False).encode
 
 
+def json_text(text: str) -> str:
+    """`text` as a JSON string, exactly as the events' encoder writes a string inside an event."""
+    return _JSON(text)
+
+
 def sse_events(events: Sequence[tuple[str, Any]]) -> bytes:
     """Named server-sent events (`event: NAME` and its JSON `data:`), as Anthropic and Responses stream."""
     if len(events) == 1:  # the common piece: one event, no generator

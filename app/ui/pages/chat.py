@@ -1,6 +1,9 @@
 """Chat: conversations in SQLite (app/chat/store.py), replies streamed through the local gateway — the
 same /v1/chat/completions path editors use — rendered as Markdown, with Stop, Regenerate, TTFT and tok/s.
-Images come by the Attach button, a drop or a paste, are kept in chat.db and sent as `image_url` parts."""
+Images come by the Attach button, a drop or a paste, are kept in chat.db and sent as `image_url` parts.
+A conversation with MCP servers (the Tools menu) goes through /v1/responses' `mcp` tool instead: its calls
+show as cards, and a call that asks is answered inline (app/ui/chat_tools.py, app/chat/tool_turns.py).
+A reply can be continued (its text is sent back as the start of the answer)."""
 
 from __future__ import annotations
 
@@ -46,12 +49,24 @@ from PySide6.QtWidgets import (
 from app.chat.attachments import MAX_IMAGES_PER_MESSAGE, Picture, prepare
 from app.chat.client import ChatError, stream_chat
 from app.chat.deltas import Reasoning, Text, Usage, timing_figures
+from app.chat.tool_turns import (
+    SERVERS_KEY,
+    TOOLS_META,
+    ToolItem,
+    Turn,
+    chat_sampling,
+    responses_body,
+    servers_of,
+    stream_reply,
+)
 from app.core.errors import SwitchyardError
 from app.library.pairing import projector_for
+from app.server.surfaces.thinking import template_has_switch
 from app.ui.chat_images import QtImageCodec, carries_images, images_in, thumbnail
 from app.ui.chat_models import chat_model_ids, why_not_chat
 from app.ui.chat_thinking import SCHEME as THINK_SCHEME
 from app.ui.chat_thinking import ThinkingToggle, folded
+from app.ui.chat_tools import ANSWERS, FOLD, ToolsButton, cards
 from app.ui.pages import Page
 from app.ui.voice import VoiceBar
 from app.ui.window_access import window_access
@@ -136,6 +151,9 @@ class ChatPage(Page):
         self.thinking.toggled.connect(lambda _on: self._save_thinking())
         self.unfolded: set[int] = set()  # replies whose reasoning is shown open
         opts.addWidget(self.thinking)
+        self.tools_btn = ToolsButton(registered=self._registered_servers, changed=self._save_servers)
+        self.tool_unfolded: set[str] = set()  # tool cards shown open, by item id
+        opts.addWidget(self.tools_btn)
         rl.addLayout(opts)
         rl.addWidget(self.system)
         sampling = QGridLayout()  # two rows of two, so the page fits a 1024-px screen beside the list
@@ -196,7 +214,7 @@ class ChatPage(Page):
             buttons.addWidget(b, i // 2, i % 2)
         send_row.addLayout(buttons)
         rl.addLayout(send_row)
-        self.voice = VoiceBar(self)  # hold-to-talk and read aloud (app/ui/voice.py)
+        self.voice = VoiceBar(self, parent=self)  # hold-to-talk and read aloud (app/ui/voice.py)
         rl.addWidget(self.voice)
         split.addWidget(right)
         split.setStretchFactor(0, 1)
@@ -265,6 +283,7 @@ class ChatPage(Page):
             )
         self.current = cid
         self.thinking.show_sampling(self.store.get(cid).sampling)  # its own setting, not the last one shown
+        self.tools_btn.show_servers(servers_of(self.store.get(cid).sampling))
         self.reload_list()
         self.show_messages()
         self.input.setFocus()
@@ -293,6 +312,7 @@ class ChatPage(Page):
         self.top_p.setValue(float(conv.sampling.get("top_p", 1.0)))
         self.seed.setValue(int(conv.sampling.get("seed", -1)))
         self.thinking.show_sampling(conv.sampling)
+        self.tools_btn.show_servers(servers_of(conv.sampling))
         for w in controls:
             w.blockSignals(False)
         self._vision_changed()
@@ -315,6 +335,28 @@ class ChatPage(Page):
                 system_prompt=self.system.text(),
                 sampling=self.thinking.into(self._sampling()),
             )
+
+    def _registered_servers(self) -> list[str]:
+        from app.mcp.registry import McpRegistry
+
+        try:
+            return McpRegistry.of(self.desk.paths).names()
+        except SwitchyardError as exc:  # mcp.json damaged: said, and no server offered
+            self.report(exc.message)
+            return []
+
+    def _save_servers(self, names: list[str]) -> None:
+        if self.current is None:
+            self.new_conversation()
+        assert self.current is not None
+        conv = self.store.get(self.current)
+        self.store.configure(
+            self.current,
+            model=conv.model,
+            system_prompt=conv.system_prompt,
+            sampling={**conv.sampling, SERVERS_KEY: names},
+        )
+        self.tools_btn.show_servers(names)
 
     def _sampling(self) -> dict[str, Any]:
         # keys the page has no control for (stop, ignore_eos, … set in chat.db) are kept
@@ -377,6 +419,9 @@ class ChatPage(Page):
 
     def _vision_changed(self) -> None:
         mid = self.model.currentData()
+        entry = self.desk.runtime.catalog.find(mid) if mid else None
+        template = entry.facts.chat_template if entry is not None and entry.facts is not None else None
+        self.thinking.show_model(mid, has_switch=template_has_switch(template) if entry is not None else None)
         ok = self.model_has_vision()
         self.attach_btn.setEnabled(ok)
         if ok:
@@ -469,7 +514,9 @@ class ChatPage(Page):
         parts: list[str] = []
         self.code_blocks = []
         live_id = self.live["id"] if self.live is not None else None
-        for m in self.store.messages(self.current):
+        messages = self.store.messages(self.current)
+        last_reply = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
+        for m in messages:
             content = m.content
             meta = m.meta
             live = self.live is not None and m.id == self.live["id"]
@@ -479,12 +526,20 @@ class ChatPage(Page):
                 pics = " ".join(f"![image {a.width}x{a.height}](chatimg:{a.id})" for a in m.images)
                 parts.append(f"**You**\n\n{content}\n" + (f"\n{pics}\n" if pics else ""))
             elif m.role == "assistant":
-                body = with_copy_links(content or "…", self.code_blocks)
+                tools = meta.get(TOOLS_META) or []
+                body = with_copy_links(content or ("" if tools else "…"), self.code_blocks)
                 thought = folded(m.id, meta.get("reasoning") or "", unfolded=m.id in self.unfolded, live=live)
-                body = thought + body  # the reasoning, folded, above the answer (app/ui/chat_thinking.py)
+                calls = cards(tools, unfolded=self.tool_unfolded, latest=m.id == last_reply and not live)
+                # the reasoning, folded, above the tool cards and the answer (chat_thinking.py, chat_tools.py)
+                body = thought + calls + body
                 # each finished reply can be read aloud on its own (app/ui/voice.py)
                 read = f"[Read aloud](speak:{m.id})" if content and m.id != live_id else ""
-                foot = " · ".join(x for x in (_stats(meta), read) if x)
+                more = (
+                    f"[Continue](continue:{m.id})"
+                    if content and m.id == last_reply and live_id is None
+                    else ""
+                )
+                foot = " · ".join(x for x in (_stats(meta), read, more) if x)
                 parts.append(f"**Assistant**\n\n{body}\n\n{foot}\n")
             elif m.role == "error":
                 parts.append(f"> **Error:** {html.escape(content)}\n")
@@ -561,6 +616,13 @@ class ChatPage(Page):
         elif url.scheme() == THINK_SCHEME and url.path().isdigit():
             self.unfolded ^= {int(url.path())}  # open or close that reply's reasoning
             self.show_messages()
+        elif url.scheme() == FOLD:
+            self.tool_unfolded ^= {url.path()}  # open or close that tool call's card
+            self.show_messages()
+        elif url.scheme() in ANSWERS:
+            self.answer_tool(url.path(), url.scheme())
+        elif url.scheme() == "continue":
+            self.continue_reply()
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)  # a link in a model card or a reply: the user's browser
 
@@ -581,13 +643,54 @@ class ChatPage(Page):
         QGuiApplication.clipboard().setText(replies[-1].content)
         return replies[-1].content
 
+    def continue_reply(self) -> asyncio.Task[Any] | None:
+        """Go on with the last reply: its text goes back as the start of the answer, and what the model
+        writes next is added to it."""
+        if self.current is None or self.stream_task is not None:
+            return None
+        msgs = self.store.messages(self.current)
+        if not msgs or msgs[-1].role != "assistant" or not msgs[-1].content:
+            return None
+        self._save_options()
+        return self._start_stream(self.current, resume=msgs[-1].id)
+
+    def answer_tool(self, item_id: str, scheme: str) -> asyncio.Task[Any] | None:
+        """Answer a tool call that asked (Allow once, Always allow, Deny, Always deny), and let the model go
+        on: the server runs (or declines) the call in the next reply. "Always" writes the tool's permission
+        into the MCP registry first, for every later request."""
+        if self.current is None or self.stream_task is not None:
+            return None
+        msgs = self.store.messages(self.current)
+        last = next((m for m in reversed(msgs) if m.role == "assistant"), None)
+        items = (last.meta.get(TOOLS_META) or []) if last is not None else []
+        item = next((i for i in items if i.get("id") == item_id), None)
+        if last is None or item is None or item.get("type") != "mcp_approval_request" or item.get("answer"):
+            self.report("That tool call is no longer waiting for an answer.")
+            return None
+        answer, permission, _, words = ANSWERS[scheme]
+        if permission is not None:
+            from app.mcp.registry import McpRegistry
+
+            try:
+                McpRegistry.of(self.desk.paths).set_permission(
+                    str(item["server_label"]), tool=str(item["name"]), permission=permission
+                )
+            except SwitchyardError as exc:
+                self.report(exc.message)
+                return None
+        item["answer"], item["said"] = answer, words
+        self.store.update(last.id, content=last.content, meta={**last.meta, TOOLS_META: items})
+        return self._start_stream(self.current)
+
     def stop(self) -> None:
         if self.stream_task is not None:
             self.stream_task.cancel()
 
-    def _start_stream(self, cid: int) -> asyncio.Task[Any]:
+    def _start_stream(self, cid: int, *, resume: int | None = None) -> asyncio.Task[Any]:
         self.clear_report()
-        task = self.desk.spawn(self._stream(cid), disable=[self.send_btn, self.regen_btn], report=self.report)
+        task = self.desk.spawn(
+            self._stream(cid, resume=resume), disable=[self.send_btn, self.regen_btn], report=self.report
+        )
         self.stream_task = task
         self.stop_btn.setEnabled(True)
 
@@ -600,7 +703,29 @@ class ChatPage(Page):
         task.add_done_callback(done)
         return task
 
-    async def _stream(self, cid: int) -> None:
+    def _turns(self, cid: int) -> list[Turn]:
+        """The conversation as tool_turns reads it (errors and empty replies left out)."""
+        return [
+            Turn(
+                role=m.role,
+                content=m.content,
+                tools=list(m.meta.get(TOOLS_META) or []),
+                images=[self.store.image(a.id).data_url() for a in m.images],
+            )
+            for m in self.store.messages(cid)
+            if m.role == "user" or (m.role == "assistant" and (m.content or m.meta.get(TOOLS_META)))
+        ]
+
+    def _tool_item(self, item: dict[str, Any]) -> None:
+        assert self.live is not None
+        items: list[dict[str, Any]] = self.live[TOOLS_META]
+        at = next((i for i, old in enumerate(items) if old.get("id") == item.get("id")), None)
+        if at is None:
+            items.append(item)
+        else:
+            items[at] = item
+
+    async def _stream(self, cid: int, *, resume: int | None = None) -> None:
         conv = self.store.get(cid)
         srv = self.desk.server
         if not conv.model:
@@ -626,10 +751,29 @@ class ChatPage(Page):
             "messages": self.store.history(cid),
             "stream": True,
             "stream_options": {"include_usage": True},
-            **conv.sampling,
+            **chat_sampling(conv.sampling),
         }
-        aid = self.store.add(cid, "assistant", "")
-        self.live = {"id": aid, "text": "", "reasoning": "", "model": conv.model}
+        servers = servers_of(conv.sampling)
+        # with MCP servers the reply is asked on /v1/responses, whose mcp tool runs the calls (tool_turns.py)
+        tool_body = (
+            responses_body(
+                model=conv.model,
+                system_prompt=conv.system_prompt,
+                sampling=conv.sampling,
+                turns=self._turns(cid),
+            )
+            if servers
+            else None
+        )
+        old = next((m for m in self.store.messages(cid) if m.id == resume), None)
+        aid = old.id if old is not None else self.store.add(cid, "assistant", "")
+        self.live = {
+            "id": aid,
+            "text": old.content if old is not None else "",  # a continued reply grows
+            "reasoning": old.meta.get("reasoning", "") if old is not None else "",
+            "model": conv.model,
+            TOOLS_META: list(old.meta.get(TOOLS_META) or []) if old is not None else [],
+        }
         lane = self.desk.runtime.lane_of(conv.model)
         if lane is None or str(lane.state) != "ready":
             self.phase.setText(f"Loading {conv.model}… the first reply waits for the model to start")
@@ -644,37 +788,43 @@ class ChatPage(Page):
         stopped = False
         try:
             access = await window_access(self.desk)  # the server's key and certificate, where it has them
-            async with (
-                access.session() as http,
-                contextlib.aclosing(stream_chat(access.url, body, session=http)) as deltas,
-            ):
-                async for delta in deltas:
-                    if isinstance(delta, Usage):
-                        usage_tokens = delta.completion_tokens
-                        figures = timing_figures(delta.timings) or figures
-                        if delta.prompt_tokens is not None and delta.completion_tokens is not None:
-                            context_used = delta.prompt_tokens + delta.completion_tokens
-                    elif isinstance(delta, Reasoning):
-                        if ttft is None:
-                            ttft = time.monotonic() - t0
-                            self.phase.setText("")
-                        self.live["reasoning"] += delta.text
-                        now = time.monotonic()
-                        if now - last_paint > 0.05:
+            async with access.session() as http:
+                source = (
+                    stream_reply(access.url, tool_body, session=http)
+                    if tool_body is not None
+                    else stream_chat(access.url, body, session=http)
+                )
+                async with contextlib.aclosing(source) as deltas:
+                    async for delta in deltas:
+                        if isinstance(delta, Usage):
+                            usage_tokens = delta.completion_tokens
+                            figures = timing_figures(delta.timings) or figures
+                            if delta.prompt_tokens is not None and delta.completion_tokens is not None:
+                                context_used = delta.prompt_tokens + delta.completion_tokens
+                        elif isinstance(delta, Reasoning):
+                            if ttft is None:
+                                ttft = time.monotonic() - t0
+                                self.phase.setText("")
+                            self.live["reasoning"] += delta.text
+                            now = time.monotonic()
+                            if now - last_paint > 0.05:
+                                self.show_messages()
+                                last_paint = now
+                        elif isinstance(delta, Text):
+                            if ttft is None:
+                                ttft = time.monotonic() - t0
+                                self.phase.setText("")
+                            chunks += 1
+                            self.live["text"] += delta.text
+                            now = time.monotonic()
+                            if now - last_paint > 0.05:  # redraw at most 20 times a second
+                                self.show_messages()
+                                last_paint = now
+                        elif isinstance(delta, ToolItem):  # a call ran, or asks: its card now
+                            self._tool_item(delta.item)
                             self.show_messages()
-                            last_paint = now
-                    elif isinstance(delta, Text):
-                        if ttft is None:
-                            ttft = time.monotonic() - t0
-                            self.phase.setText("")
-                        chunks += 1
-                        self.live["text"] += delta.text
-                        now = time.monotonic()
-                        if now - last_paint > 0.05:  # redraw at most 20 times a second
-                            self.show_messages()
-                            last_paint = now
-                    # let Qt run between pieces (Stop, typing, resizing stay live)
-                    await asyncio.sleep(0)
+                        # let Qt run between pieces (Stop, typing, resizing stay live)
+                        await asyncio.sleep(0)
         except ChatError as exc:
             error = str(exc)
         except SwitchyardError as exc:  # the window's key could not be made (keys.json damaged, ...)
@@ -697,6 +847,8 @@ class ChatPage(Page):
             }
             if self.live and self.live.get("reasoning"):
                 meta["reasoning"] = self.live["reasoning"]  # shown folded; never sent back to the model
+            if self.live and self.live.get(TOOLS_META):
+                meta[TOOLS_META] = self.live[TOOLS_META]  # the cards, and the input of later turns
             text = self.live["text"] if self.live else ""
             self.store.update(aid, content=text, meta=meta)
             self.live = None

@@ -170,6 +170,11 @@ class DiscoverPage(Page):
         self.query.selectAll()
 
     # ---- search -----------------------------------------------------------------------------------
+    def search_for(self, text: str) -> None:
+        """Search for `text` as if typed (the voice bar sends a person here for a speech model)."""
+        self.query.setText(text)
+        self.search_btn.click()
+
     def search(self) -> None:
         self.views.setCurrentWidget(self.split)
         q = SearchQuery(

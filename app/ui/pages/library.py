@@ -37,6 +37,7 @@ from app.library.remove import remove_model
 from app.quality.store import EvalStore
 from app.routing.engines import title
 from app.ui import fmt
+from app.ui.chat_models import why_not_chat
 from app.ui.explain_view import ExplainDialog
 from app.ui.pages import Page, table
 from app.ui.pages.tune import TunePanel
@@ -122,6 +123,7 @@ class LibraryPage(Page):
         # models the server's update check found a newer revision for (docs/jobs.md#update-checks)
         found = read_updates(desk.runtime.paths.home / "updates.json").get("updates") or []
         self.updates: set[str] = {u["model"] for u in found if u.get("available")}
+        self._answered = False  # a request was answered (and its speed measured) since the last refresh
         desk.bridge.received.connect(self._on_event)
         self.refresh()
 
@@ -131,6 +133,9 @@ class LibraryPage(Page):
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
         self._fit_soon()
+        if self._answered:  # answers were measured while away: the Fit cells' speeds are read again
+            self._answered = False
+            self.refresh()
 
     def _fit_soon(self) -> None:
         QTimer.singleShot(0, self, self._fit_split)  # once laid out: the next turn of the loop
@@ -150,6 +155,8 @@ class LibraryPage(Page):
         self.split.setSizes([total - pane, pane])
 
     def _on_event(self, kind: str, _data: Any) -> None:
+        # not a refresh per answer (an editor may send many): the page reads them when it is next shown
+        self._answered = self._answered or kind == "request.done"
         if kind == "model.update_available":
             self.updates.add(str(_data.get("model")))
         if kind in ("download.completed", "lane.state", "library.changed", "model.update_available"):
@@ -275,19 +282,55 @@ class LibraryPage(Page):
             self._enable(True)  # the same model again after a refresh: its unsaved edits stay
             row = next((d for d in self.rows if d["id"] == mid), None)
             self.detail.setText(detail_text(row) if row else "")
+            # and its verdict is read again with them, as the row's Fit cell was: a speed measured since
+            # (or a model loaded beside it) shows in both, not in the row alone
+            self.tune.recompute()
             return
         self.tune.show_model(mid)
         self._enable(mid is not None)
         row = next((d for d in self.rows if d["id"] == mid), None)
         self.detail.setText(detail_text(row) if row else "")
-        for name in ("Delete", "Explain", "Unload", "Load"):  # what a press acts on, by name
-            self.buttons[name].setToolTip(f"{name} {mid}" if mid else f"{name}: select a model first")
 
     def _enable(self, picked: bool) -> None:
-        """The buttons that act on the selected model are off while none is selected."""
+        """The buttons that act on the selected model: off while none is selected, and off, saying why in
+        the tooltip, where the model cannot take the action (Unload of a model not loaded, Check for
+        update of a file that did not come from the hub, Chat with a speech model, Delete of a loaded
+        one); on, naming the model they act on, otherwise."""
+        mid = self.current_id() if picked else None
+        why = self._why_not(mid) if mid is not None else {}
         for name, b in self.buttons.items():
-            if name != "Import…":
-                b.setEnabled(picked)
+            if name == "Import…":
+                continue
+            b.setEnabled(mid is not None and name not in why)
+            b.setToolTip(why.get(name) or (f"{name} {mid}" if mid else f"{name}: select a model first"))
+
+    def _why_not(self, mid: str) -> dict[str, str]:
+        """Per button, why it cannot act on `mid` now (a button not named can)."""
+        rt = self.desk.runtime
+        lane = rt.lane_of(mid)
+        state = str(lane.state) if lane is not None else "stopped"
+        entry = rt.catalog.find(mid)
+        why: dict[str, str] = {}
+        if state in LOADED:
+            why["Load"] = f"{mid} is loaded already ({state})"
+            why["Delete"] = f"{mid} is loaded: unload it first, then delete it"
+        else:
+            why["Unload"] = f"{mid} is not loaded"
+        if entry is not None and entry.origin is None:
+            why["Check for update"] = (
+                f"{mid} did not come from Hugging Face: there is nothing to check it against"
+            )
+        if entry is not None and (no_chat := why_not_chat(rt.catalog, mid)) is not None:
+            why["Chat"] = no_chat.split(". ")[0]
+        row = next((d for d in self.rows if d["id"] == mid), None)
+        if row is not None and row.get("status") == ADAPTER_STATUS:
+            why["Load"] = why["Chat"] = f"{mid} is a LoRA adapter: it loads with its base model"
+        return why
+
+    def _after(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        """The buttons read again once `task` is over (its own finally turned its button back on)."""
+        task.add_done_callback(lambda _t: self._enable(self.current_id() is not None))
+        return task
 
     def selected(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
@@ -311,15 +354,19 @@ class LibraryPage(Page):
         if mid is None:
             return None
         self.clear_report()
-        return self.desk.spawn(
-            self.desk.runtime.load(mid), disable=[self.buttons["Load"]], report=self.report
+        return self._after(
+            self.desk.spawn(self.desk.runtime.load(mid), disable=[self.buttons["Load"]], report=self.report)
         )
 
     def unload(self, model_id: str | None = None) -> asyncio.Task[Any] | None:
         mid = model_id or self.selected()
         if mid is None:
             return None
-        return self.desk.spawn(self.desk.runtime.unload(mid), report=self.report)
+        return self._after(
+            self.desk.spawn(
+                self.desk.runtime.unload(mid), disable=[self.buttons["Unload"]], report=self.report
+            )
+        )
 
     def chat(self) -> None:
         mid = self.selected()

@@ -13,6 +13,7 @@ from app.ui.pages.discover import DiscoverPage
 from app.ui.pages.hardware import HardwarePage
 from app.ui.pages.lanes import LanesPage
 from app.ui.pages.library import LibraryPage
+from app.ui.pages.machines import MachinesPage
 from app.ui.pages.server import ServerPage
 from app.ui.pages.settings import SettingsPage
 
@@ -22,6 +23,7 @@ PAGES: tuple[type[Page], ...] = (
     ChatPage,
     ServerPage,
     LanesPage,
+    MachinesPage,
     HardwarePage,
     SettingsPage,
 )

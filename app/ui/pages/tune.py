@@ -37,9 +37,18 @@ from app.library.pairing import ADAPTER_KIND, Pairings, pairings
 from app.routing.engines import LANES
 from app.ui.pages.tune_spec import NOTES, SPEC_LABELS, AdapterList, KnobsPage
 from app.ui.theme import tone
+from app.ui.wording import for_window
 
 if TYPE_CHECKING:
     from app.ui.context import Desk
+
+
+class VerdictLabel(QLabel):
+    """The panel's verdict line. Whatever lands here (a plan's summary, a refusal, an error an action
+    reported) is said in the window's words: the core's messages name commands, settings keys and bytes."""
+
+    def setText(self, text: str) -> None:
+        super().setText(for_window(text))
 
 
 class TunePanel(QGroupBox):
@@ -97,7 +106,7 @@ class TunePanel(QGroupBox):
         self.adapters = AdapterList(self.recompute)
         self._shown: dict[str, Any] = {}  # the values shown for the model: only those changed are saved
         self.applying: asyncio.Task[Any] | None = None  # the last save's apply to the running Runtime
-        self.verdict = QLabel("Select a model to see how its settings fit.")
+        self.verdict = VerdictLabel("Select a model to see how its settings fit.")
         self.verdict.setWordWrap(True)
         # two lines kept for it (the plan and the one it replaces): the panel's height does not jump
         self.verdict.setMinimumHeight(2 * self.verdict.fontMetrics().lineSpacing())
@@ -314,10 +323,12 @@ class TunePanel(QGroupBox):
             return
         rt = self.desk.runtime
         found = await rt.explain(mid, overrides=values)
-        fit = found.fit.public() if found.fit else None
+        # the explanation's own view of the plan: its summary gives this model's measured speed where
+        # there is one, as the Why? window does (the bare plan's says "not measured yet")
+        fit = found.public()["fit"] if found.fit else None
         # the plan before: what the model runs with now, shown beside the new one when they differ
         now = await rt.explain(mid) if values != self._shown else found
-        before = now.fit.public() if now.fit else None
+        before = now.public()["fit"] if now.fit else None
         self.result = {"values": values, "fit": fit, "before": before, "problem": found.fit_problem}
         was = f" (now: {before['summary']})" if before and fit and before["summary"] != fit["summary"] else ""
         if fit is None:

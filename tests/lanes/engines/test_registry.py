@@ -17,6 +17,7 @@ import pytest
 import app.lanes
 from app.core.settings import Settings
 from app.formats.detect import ModelKind
+from app.hardware.build_choice import BUILDS, BuildRule
 from app.lanes.engines.plan import CAPABILITIES, MEMORY_KINDS, ApiStyle, DraftKind
 from app.lanes.engines.registry import KINDS, engine_kinds, kind_of
 from app.library.model import LANE_FORMATS
@@ -104,6 +105,7 @@ def test_a_kind_declares_what_it_is(kind: object) -> None:
     assert isinstance(k.draft, DraftKind)
     assert isinstance(k.setting_keys, tuple) and set(k.setting_keys) <= fields, k.setting_keys
     assert isinstance(k.install_estimate_s, int) and k.install_estimate_s > 0
+    assert isinstance(k.build_rule, BuildRule) and k.build_rule.builds <= set(BUILDS)
     assert list(inspect.signature(k.build).parameters) == ["entry", "settings", "start"]
     assert callable(k.predict) and callable(k.window)
 
@@ -122,10 +124,6 @@ def test_each_setting_key_belongs_to_one_kind() -> None:
 # test fails once one no longer does, so the list only shrinks.
 STILL_NAMING = {
     "app/fit/gpu_share.py": "its two memory models are named after the engines they model (under lanes)",
-    "app/hardware/build_choice.py": "which build of an engine's package this machine takes (under lanes)",
-    "app/library/speeds.py": "speed calibration reads llama.cpp's own measurements (under lanes)",
-    "app/lanes/install/listing.py": "llama.cpp's build is its runtime choice's, the others' a probe's",
-    "app/cli/engine.py": "`engine register` takes only the capability lane",
 }
 FORMAT_NAMES = {m.value for m in ModelKind}
 

@@ -11,6 +11,7 @@ from app.core.errors import SettingsError
 from app.core.settings import Settings
 from app.hardware.build_choice import backend_for, choose_build
 from app.hardware.model import CPUInfo, GPUInfo, Hardware, MemoryInfo, Vendor
+from app.lanes.engines.registry import engine_kinds
 from app.lanes.install.listing import build_packages
 from app.lanes.install.releases import ReleaseFetcher
 from app.lanes.install.runtimes import choose_runtime, doctor_rows, runtime_order
@@ -68,10 +69,12 @@ CASES = [  # machine, llama.cpp build, mistral.rs package, MLX package
 
 @pytest.mark.parametrize(("hw", "llama", "mistral", "mlx"), CASES)
 def test_each_engine_picks_the_build_for_the_probe(hw: Hardware, llama: str, mistral: str, mlx: str) -> None:
-    assert choose_build("llama.cpp", hw).build == llama
+    kinds = engine_kinds()  # each kind declares its builds
+    assert choose_build("llama.cpp", hw, rule=kinds["llama.cpp"].build_rule).build == llama
     # the packages come from the manifest's builds table (app/lanes/install/engines.toml)
-    assert choose_build("mistral.rs", hw, packages=build_packages(spec_for("mistral.rs"))).package == mistral
-    assert choose_build("mlx", hw, packages=build_packages(spec_for("mlx"))).package == mlx
+    for lane, package in (("mistral.rs", mistral), ("mlx", mlx)):
+        packages = build_packages(spec_for(lane))
+        assert choose_build(lane, hw, rule=kinds[lane].build_rule, packages=packages).package == package
     assert backend_for(hw).reason  # always says why
 
 

@@ -75,11 +75,12 @@ async def test_jobs_updates_and_the_repository_guard(
         await asyncio.to_thread(rt.catalog.scan)
 
         # the eval job: the model's real lane answers the pinned case
-        suite = tmp_path / "pinned.json"
+        suite = rt.paths.suites / "pinned.json"  # the one folder the server reads suites from
+        suite.parent.mkdir()
         case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
         case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
         suite.write_text(json.dumps({"name": "pinned", "cases": [case]}))
-        ev_job = (await _start(client, {"kind": "eval", "model": MODEL, "suite": str(suite)}))["job"]
+        ev_job = (await _start(client, {"kind": "eval", "model": MODEL, "suite": "pinned"}))["job"]
         ended = (await _sse(client, f"/api/jobs/{ev_job['id']}/events"))[-1]
         assert ended[0] == "job.completed" and ended[1]["result"]["score"] == 1.0, ended
         await rt.supervisor.unload(MODEL)

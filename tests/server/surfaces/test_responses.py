@@ -394,12 +394,13 @@ def test_tool_results_sent_back_as_input_items(client: openai.OpenAI) -> None:
     assert short == same
 
 
-def test_previous_response_id_is_refused_clearly(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as exc:
+def test_an_unknown_previous_response_id_is_a_clear_404(client: openai.OpenAI) -> None:
+    # stored responses themselves: tests/mcp/test_responses_stored.py
+    with pytest.raises(openai.NotFoundError) as exc:
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_123")
     err = exc.value.body
     assert isinstance(err, dict) and err["param"] == "previous_response_id"
-    assert "not supported" in err["message"] and "whole conversation" in err["message"]
+    assert "no stored response 'resp_123'" in err["message"] and "whole conversation" in err["message"]
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,9 @@ from app.core import statefile
 from app.core.errors import EngineUnavailableError, SettingsError
 from app.core.paths import Paths
 from app.core.settings import Settings
+from app.hardware.build_choice import ONE_BUILD
 from app.hardware.model import Hardware
-from app.lanes.engines.kind import EnginePython
+from app.lanes.engines.kind import EnginePython, OwnBuild
 from app.lanes.engines.llamacpp.arch_probe import ArchCache, Build, known_names
 from app.lanes.engines.llamacpp.kind import LlamaCppKind, binary_plan, build_plan
 from app.lanes.engines.plan import LaunchPlan, StartContext
@@ -211,6 +212,7 @@ class LlamaCompatKind(LlamaCppKind):
 
     lane = LLAMA_CPP_COMPAT
     setting_keys: tuple[str, ...] = ()  # its build is the registered one: `runtime` does not choose it
+    build_rule = ONE_BUILD  # the build the user brought is the only one
 
     def install(self, settings: Settings) -> LaneInstall:
         build = registered()
@@ -226,6 +228,15 @@ class LlamaCompatKind(LlamaCppKind):
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
         return None if registered() is not None else NOT_REGISTERED
+
+    def own_build(self, settings: Settings, hardware: Hardware | None) -> OwnBuild:
+        """A build the user brought: what it was built for is its own (kind.KnowsOwnBuild)."""
+        return OwnBuild(build=None, why="the registered build's own (Switchyard cannot tell)")
+
+    def registered_engine(self) -> tuple[str | None, str] | None:
+        """Never the app's interpreter: only a registration, else its own env (kind.FoundByRegistration)."""
+        build = registered()
+        return (build.version, build.path) if build is not None else None
 
     def architecture_refusal(
         self, entry: ModelEntry, settings: Settings, hardware: Hardware | None

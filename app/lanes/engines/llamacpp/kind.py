@@ -22,6 +22,7 @@ from app.fit.plan import Budget, FitReport, plan_placements
 from app.fit.projector import projector_memory
 from app.formats.gguf_layout import read_gguf_layout
 from app.formats.gguf_meta import GGUFProblem
+from app.hardware.build_choice import BUILDS, BuildRule
 from app.hardware.cpu import usable_cores
 from app.hardware.model import Hardware
 from app.lanes.bank.sessions import bank_enabled, slots_dir
@@ -327,6 +328,7 @@ class LlamaCppKind:
     setting_keys: tuple[str, ...] = ("runtime", "llama_server_path")
     draft = DraftKind.DRAFT_MODEL  # a small model of the same vocabulary (engines/llamacpp/spec.py)
     install_estimate_s = 120
+    build_rule = BuildRule(name="llama.cpp", builds=frozenset(BUILDS))  # every backend has its build
 
     def predict(
         self, entry: ModelEntry, settings: Settings, *, hardware: Hardware, used: Mapping[str, int] | None

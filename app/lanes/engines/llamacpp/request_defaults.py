@@ -1,13 +1,15 @@
 """What a local llama.cpp lane fills in on a request its client left open, and the model facts editors need.
 
 Every surface reaches the gateway as an OpenAI chat or completion body, so these apply once, there
-(Gateway.pin_slot): the output cap (`max_output`) when the request names no limit, and the LoRA scales of
-the adapter a `BASE+ADAPTER` model id asks for. `model_limits` is what /v1/models and the Server page's
+(Gateway.pin_slot): the output cap (`max_output`) when the request names no limit, the LoRA scales of
+the adapter a `BASE+ADAPTER` model id asks for, and a JSON schema sent as a grammar (schema_grammar.py).
+`model_limits` is what /v1/models and the Server page's
 editor snippets report: the per-slot context, the output cap and whether the template takes tools.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,9 @@ from typing import Any
 
 from app.core.settings import Settings
 from app.core.speculation import adapters_of
+from app.lanes.engines.llamacpp.schema_grammar import UnsupportedSchema, schema_grammar
+
+log = logging.getLogger("switchyard.llamacpp")
 
 # an agent's answer should not run a slot to its end, nor be cut short of a useful edit
 MAX_OUTPUT_MIN = 1024
@@ -82,6 +87,43 @@ def with_adapter(
         for i, (path, scale) in enumerate(zip(paths, scales, strict=True))
     ]
     return {**body, "lora": lora}
+
+
+# ---- a JSON schema as a grammar -------------------------------------------------------------------------
+def requested_schema(body: dict[str, Any]) -> Any | None:
+    """The JSON schema a chat or completion body holds its answer to (`response_format` json_schema or
+    json_object, or llama.cpp's own `json_schema` field), or None when it asks for none."""
+    if body.get("json_schema") is not None:
+        return body["json_schema"]
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_schema":
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else fmt.get("schema")
+        return schema if schema is not None else {"type": "object"}
+    if fmt.get("type") == "json_object":
+        return fmt.get("schema") or {"type": "object"}
+    return None
+
+
+def with_schema_grammar(body: dict[str, Any]) -> dict[str, Any] | None:
+    """`body` with its JSON schema sent as a GBNF `grammar` (schema_grammar.py says why: llama.cpp's chat
+    parser rejects answers its own schema grammar let through), or None: no schema, a grammar or tools of
+    its own, or a schema that converter does not cover (the engine then converts it itself)."""
+    if body.get("grammar") or body.get("tools"):
+        return None
+    schema = requested_schema(body)
+    if schema is None:
+        return None
+    try:
+        grammar = schema_grammar(schema)
+    except UnsupportedSchema as exc:
+        log.info("JSON schema left to llama.cpp's own converter: %s", exc)
+        return None
+    out = {k: v for k, v in body.items() if k not in ("response_format", "json_schema")}
+    out["grammar"] = grammar
+    return out
 
 
 # ---- what a model offers an editor ----------------------------------------------------------------------

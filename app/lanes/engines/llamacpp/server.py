@@ -18,11 +18,12 @@ from app.core.frozen import module_argv
 from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hardware.model import Hardware
+from app.lanes.engines.kind import OwnBuild
 from app.lanes.engines.llamacpp.kind import LlamaCppKind, binary_plan, build_plan, llama_server_argv
 from app.lanes.engines.llamacpp.runtime import runtime_choice
 from app.lanes.engines.plan import LaunchPlan, StartContext
 from app.lanes.install import containers
-from app.lanes.install.runtimes import RuntimeChoice
+from app.lanes.install.runtimes import RuntimeChoice, choose_runtime
 from app.lanes.workers.params import LlamaParams
 from app.library.model import ModelEntry
 from app.routing.engines import build_title
@@ -191,6 +192,11 @@ class LlamaRuntimesKind(LlamaCppKind):
         from app.lanes.engines.llamacpp.compat import default_refuses
 
         return default_refuses(entry, settings, hardware)
+
+    def own_build(self, settings: Settings, hardware: Hardware | None) -> OwnBuild:
+        """The build the runtime chosen for this machine runs (kind.KnowsOwnBuild), asked afresh."""
+        choice = choose_runtime(settings, hardware)
+        return OwnBuild(build=choice.build, why=choice.why, runtime=choice.runtime)
 
     def start_refusal(self, settings: Settings, hardware: Hardware | None) -> str | None:
         install = self.install_on(settings, hardware)

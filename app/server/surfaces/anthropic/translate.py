@@ -22,8 +22,15 @@ from app.server.surfaces.anthropic.errors import error_body
 from app.server.surfaces.openai.validate import bad as _bad
 from app.server.surfaces.openai.validate import typed_field as _field
 from app.server.surfaces.translation import TranslatorDefaults
+from app.server.surfaces.wire import json_text
 
 Event = tuple[str, dict[str, Any]]
+# a text delta as sse_events frames {"type": "content_block_delta", "index": I, "delta": {...}}, byte for
+# byte (the encoder's default separators), written without building the event (framed_text)
+_TEXT_DELTA = (
+    'event: content_block_delta\ndata: {"type": "content_block_delta", "index": %d, '
+    '"delta": {"type": "text_delta", "text": %s}}\n\n'
+)
 _NUM = (int, float)
 _SKIPPED_BLOCKS = {"thinking", "redacted_thinking"}  # the engine cannot take a signed thought back
 
@@ -428,6 +435,10 @@ class MessageTranslator(TranslatorDefaults):
         self._single = single_tool_call
         self.blocks: list[dict[str, Any]] = []
         self._open: int | None = None
+        # the open text or thinking block's pieces, joined into it when it closes: a string grown by `+=`
+        # in a dict is copied whole per piece, quadratic in the answer's length
+        self._parts: list[str] = []
+        self._text_open = False  # the open block is a text block (framed_text may write into it)
         self._pending: dict[int, _PendingCall] = {}  # OpenAI tool_call index -> call still arriving
         self._settled: set[int] = set()  # indices sent or dropped: later pieces of them are ignored
         self._ids: set[str] = set()
@@ -457,6 +468,15 @@ class MessageTranslator(TranslatorDefaults):
             "usage": {"input_tokens": self.input_tokens or 0, "output_tokens": 0},
         }
         return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
+
+    def framed_text(self, text: str) -> bytes | None:
+        """The common piece, a text delta continuing an open text block without stop sequences to watch,
+        as the bytes `feed` then `sse_events` would make; None where `feed` must decide."""
+        if not self._text_open or self._scanner is not None or not text or self.stopped:
+            return None
+        self.pieces += 1
+        self._parts.append(text)
+        return (_TEXT_DELTA % (self._open, json_text(text))).encode()
 
     def feed(self, delta: Delta) -> list[Event]:
         if self.stopped:
@@ -561,6 +581,7 @@ class MessageTranslator(TranslatorDefaults):
         events = self._close()
         self.blocks.append(block)
         self._open = len(self.blocks) - 1
+        self._text_open = block["type"] == "text"
         start = {"type": "content_block_start", "index": self._open, "content_block": dict(block)}
         return [*events, ("content_block_start", start)]
 
@@ -577,7 +598,7 @@ class MessageTranslator(TranslatorDefaults):
             events += self._open_block(empty)
         assert self._open is not None
         key, dtype = ("text", "text_delta") if kind == "text" else ("thinking", "thinking_delta")
-        self.blocks[self._open][key] += text
+        self._parts.append(text)
         delta = {"type": "content_block_delta", "index": self._open, "delta": {"type": dtype, key: text}}
         return [*events, ("content_block_delta", delta)]
 
@@ -632,8 +653,13 @@ class MessageTranslator(TranslatorDefaults):
         if self._open is None:
             return []
         at, self._open = self._open, None
+        self._text_open = False
         events: list[Event] = []
         block = self.blocks[at]
+        if self._parts:
+            key = "text" if block["type"] == "text" else "thinking"
+            block[key] = "".join(self._parts)
+            self._parts = []
         if block["type"] == "thinking":  # a thinking block ends with its signature, as Anthropic's do
             block["signature"] = thinking_signature(block["thinking"])
             delta = {"type": "signature_delta", "signature": block["signature"]}

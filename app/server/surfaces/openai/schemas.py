@@ -28,6 +28,40 @@ _USAGE = {
         "total_tokens": {"type": "integer"},
     },
 }
+
+
+def _function_item(
+    required: list[str], properties: dict[str, Any], *, with_id: bool = False
+) -> dict[str, Any]:
+    """`{"type": "function", "function": {...}}`, the call's `id` first when `with_id`: a tool, a call of one,
+    or a forced choice of one; `required` and `properties` are the function object's."""
+    ident = {"id": {"type": "string"}} if with_id else {}
+    function = {"type": "object", "required": required, "properties": properties}
+    return {
+        "type": "object",
+        "required": [*ident, "type", "function"],
+        "properties": {**ident, "type": {"const": "function"}, "function": function},
+    }
+
+
+def _completion(obj: str, **answer: dict[str, Any]) -> dict[str, Any]:
+    """A chat or text completion: `obj` names it, and each choice holds its index, `answer` (the message, or
+    the text) and why it finished."""
+    choice = {"index": {"type": "integer"}, **answer, "finish_reason": {"type": ["string", "null"]}}
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": obj},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": {"type": "object", "properties": choice}},
+            "usage": _USAGE,
+        },
+    }
+
+
 SCHEMAS: dict[str, Any] = {
     "Model": {
         "type": "object",
@@ -80,38 +114,15 @@ SCHEMAS: dict[str, Any] = {
             },
         ],
     },
-    "ToolCall": {
-        "type": "object",
-        "required": ["id", "type", "function"],
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name", "arguments"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "arguments": {"type": "string", "description": "JSON text."},
-                },
-            },
-        },
-    },
-    "Tool": {
-        "type": "object",
-        "required": ["type", "function"],
-        "properties": {
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "description": {"type": "string"},
-                    "parameters": {"type": "object"},
-                },
-            },
-        },
-    },
+    "ToolCall": _function_item(
+        ["name", "arguments"],
+        {"name": {"type": "string"}, "arguments": {"type": "string", "description": "JSON text."}},
+        with_id=True,
+    ),
+    "Tool": _function_item(
+        ["name"],
+        {"name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"}},
+    ),
     "ChatCompletionRequest": {
         "type": "object",
         "required": ["model", "messages"],
@@ -123,53 +134,24 @@ SCHEMAS: dict[str, Any] = {
             "tool_choice": {
                 "oneOf": [
                     {"enum": ["none", "auto", "required"]},
-                    {
-                        "type": "object",
-                        "required": ["type", "function"],
-                        "properties": {
-                            "type": {"const": "function"},
-                            "function": {
-                                "type": "object",
-                                "required": ["name"],
-                                "properties": {"name": {"type": "string"}},
-                            },
-                        },
-                    },
+                    _function_item(["name"], {"name": {"type": "string"}}),
                 ]
             },
             "response_format": {"type": "object"},
         },
         "description": "Other fields reach the engine unchanged (llama.cpp's extensions work).",
     },
-    "ChatCompletion": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {
-                            "type": "object",
-                            "properties": {
-                                "role": {"type": "string"},
-                                "content": {"type": ["string", "null"]},
-                                "tool_calls": {"type": "array"},
-                            },
-                        },
-                        "finish_reason": {"type": ["string", "null"]},
-                    },
-                },
+    "ChatCompletion": _completion(
+        "chat.completion",
+        message={
+            "type": "object",
+            "properties": {
+                "role": {"type": "string"},
+                "content": {"type": ["string", "null"]},
+                "tool_calls": {"type": "array"},
             },
-            "usage": _USAGE,
         },
-    },
+    ),
     "CompletionRequest": {
         "type": "object",
         "required": ["model", "prompt"],
@@ -185,28 +167,7 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
-    "Completion": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "text": {"type": "string"},
-                        "finish_reason": {"type": ["string", "null"]},
-                    },
-                },
-            },
-            "usage": _USAGE,
-        },
-    },
+    "Completion": _completion("text_completion", text={"type": "string"}),
     "EmbeddingRequest": {
         "type": "object",
         "required": ["model", "input"],

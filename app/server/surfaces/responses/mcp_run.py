@@ -6,7 +6,8 @@ One response may take several engine turns. Per request:
    or one with `error` when the server cannot be reached (its tools are then not offered).
 2. Earlier items the client sends back in `input` become the conversation: an `mcp_call` is a call and its
    output; an `mcp_approval_request` answered by an `mcp_approval_response` runs now when approved (an
-   `mcp_call` item with its `approval_request_id`), or tells the model the user declined.
+   `mcp_call` item with its `approval_request_id`), or tells the model the user declined; one whose
+   `mcp_call` is in `input` too already ran (a later turn's history, often from previous_response_id).
 3. Each engine turn streams as usual; a call to an MCP tool is not shown as a `function_call` but, after
    the turn, becomes an `mcp_call` (run, with `output` or `error`), or an `mcp_approval_request` (the
    response then ends; the client answers in its next request). The loop goes on while calls ran, up to
@@ -21,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,15 +51,20 @@ class OfferedTool:
     server: McpServerSpec
     tool: McpTool
     registered: bool
+    key: str | None = None  # the API key the request came with: its own rules win (registry.py)
+
+    def machine_rule(self) -> str | None:
+        """This machine's permission for the call (None: a server given by URL, which has none)."""
+        return self.server.permission(self.tool.name, key=self.key) if self.registered else None
 
     def needs_approval(self) -> bool:
         read_only = bool((self.tool.annotations or {}).get("readOnlyHint"))
-        if self.registered and self.server.permission(self.tool.name) == "ask":
+        if self.machine_rule() == "ask":
             return True
         return self.entry.needs_approval(self.tool.name, read_only=read_only)
 
     def denied(self) -> bool:
-        return self.registered and self.server.permission(self.tool.name) == "deny"
+        return self.machine_rule() == "deny"
 
 
 class McpTranslator(ResponseTranslator):
@@ -122,8 +129,12 @@ class McpRun:
         *,
         entries: list[McpToolEntry],
         other_tools: list[Any],
+        echo: dict[str, Any] | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.request = request
+        self.stored_echo = echo or {}  # store and previous_response_id, as routes.py read them
+        self.keep = keep
         self.body = body
         self.other_tools = other_tools  # the request's function (and namespace) tools, passed on as they are
         self.entries = entries
@@ -150,8 +161,9 @@ class McpRun:
         echo = {
             "tools": _redacted(self.body.get("tools") or []),
             "tool_choice": self.body.get("tool_choice") or "auto",
+            **self.stored_echo,
         }
-        tr = self.tr = McpTranslator(model=model, echo=echo, engine_names=set())
+        tr = self.tr = McpTranslator(model=model, echo=echo, engine_names=set(), keep=self.keep)
         events: list[Event] = list(tr.start())
         if stream:
             self.resp = OPENAI.stream_response()
@@ -221,7 +233,7 @@ class McpRun:
                 continue
             item["tools"].append(tool.listed())
             self.offered[self._engine_name(entry.label, tool.name)] = OfferedTool(
-                entry, spec, tool, registered
+                entry, spec, tool, registered, key=self.request.get(CLIENT)
             )
         tr.engine_names.update(self.offered)
         events += [
@@ -247,10 +259,18 @@ class McpRun:
         raw = self.body.get("input")
         if not isinstance(raw, list):
             return raw, []
+        # an approval whose call already ran (its mcp_call, sent back too) is history, not a call to run
+        ran = {
+            i.get("approval_request_id")
+            for i in raw
+            if isinstance(i, dict) and i.get("type") == "mcp_call" and i.get("approval_request_id")
+        }
         answers = {
             i.get("approval_request_id"): i
             for i in raw
-            if isinstance(i, dict) and i.get("type") == "mcp_approval_response"
+            if isinstance(i, dict)
+            and i.get("type") == "mcp_approval_response"
+            and i.get("approval_request_id") not in ran
         }
         out: list[Any] = []
         events: list[Event] = []
@@ -371,7 +391,11 @@ class McpRun:
         offered = self.offered[call["name"]]
         args = call["arguments"] or "{}"
         if offered.denied():  # an mcp_call that failed, so the client sees why nothing ran
-            why = f"the tool {offered.tool.name!r} is denied here (`switchyard mcp allow` lifts that)"
+            who = f" for API key {offered.key!r}" if offered.key is not None else ""
+            lift = f"`switchyard mcp allow {offered.entry.label} {offered.tool.name}" + (
+                f" --key {offered.key}`" if offered.key is not None else "`"
+            )
+            why = f"the tool {offered.tool.name!r} is denied here{who} ({lift} lifts that)"
             return await self._run_call(offered, args, approval_id=None, refused=why), False
         if offered.needs_approval():
             item = {

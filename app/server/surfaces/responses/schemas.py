@@ -35,7 +35,14 @@ SCHEMAS: dict[str, Any] = {
             "parallel_tool_calls": BOOL,
             "text": {"type": "object", "properties": {"format": OBJ}},
             "metadata": OBJ,
-            "store": BOOL,
+            "store": {
+                "type": "boolean",
+                "description": "Keep the response (default true) for previous_response_id and GET.",
+            },
+            "previous_response_id": {
+                "type": "string",
+                "description": "Continue a stored response: its conversation and output come before 'input'.",
+            },
             "user": STR,
             "grammar": {"type": "string", "description": "llama.cpp extension: a GBNF grammar."},
         },
@@ -103,5 +110,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/v1/responses"): (
         "ResponsesRequest",
         ok(ref("Response"), SSE, "A response, or with `stream: true` the Responses events"),
+    ),
+    ("GET", "/v1/responses/{response_id}"): (None, ok(ref("Response"), description="A stored response")),
+    ("DELETE", "/v1/responses/{response_id}"): (
+        None,
+        ok(
+            {
+                "type": "object",
+                "properties": {"id": STR, "object": {"const": "response"}, "deleted": BOOL},
+            },
+            description="The stored response is gone",
+        ),
     ),
 }

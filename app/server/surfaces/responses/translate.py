@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,6 @@ Event = tuple[str, dict[str, Any]]
 _NUM = (int, float)
 # stateful or hosted features a local server cannot offer: refused with what to do instead
 _REFUSED = {
-    "previous_response_id": "previous_response_id is not supported: Switchyard does not store responses; "
-    "send the whole conversation in 'input' (earlier output items may be sent back as input items)",
     "conversation": "conversation is not supported: Switchyard does not store conversations; "
     "send the whole conversation in 'input'",
     "prompt": "stored prompt templates are not available on a local server; send 'instructions' and 'input'",
@@ -334,8 +333,18 @@ class ResponseTranslator(TranslatorDefaults):
     Output items open as their first piece arrives and close when another kind begins or the answer
     ends: text is a `message` item, reasoning a `reasoning` item, each tool call a `function_call`."""
 
-    def __init__(self, *, model: str, echo: dict[str, Any], tools: ChatTools | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        echo: dict[str, Any],
+        tools: ChatTools | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.id = new_id("resp")
+        # called with the finished response before its last event goes out (stored.py), so a client that
+        # continues from it at once finds it
+        self.keep = keep
         self.tools = tools or ChatTools(tools=[])
         self.model = model
         self.echo = {**ECHO_DEFAULTS, **echo}
@@ -387,7 +396,10 @@ class ResponseTranslator(TranslatorDefaults):
         self.status = "incomplete" if cut else "completed"
         events = self._close("incomplete" if self.status == "incomplete" else "completed")
         name = "response.incomplete" if self.status == "incomplete" else "response.completed"
-        return [*events, self._ev(name, response=self.response())]
+        final = self.response()
+        if self.keep is not None:
+            self.keep(final)
+        return [*events, self._ev(name, response=final)]
 
     def fail(self, exc: SwitchyardError) -> list[Event]:
         """The engine failed after the stream began: an `error` event, then `response.failed`."""
