@@ -152,11 +152,11 @@ class Runtime:
         await _enter(stack, self.downloads)
         await _enter(stack, self.engines)
         await _enter(stack, self.remotes)
-        if self.settings.plan_memory:
+        if self.settings.memory.plan_memory:
             # once, off the event loop: NVML, sysfs and llama.cpp's device list
             self.supervisor.hardware = await asyncio.to_thread(probe, bandwidth_cache=None)
-        if self.settings.monitor_interval_s > 0:
-            await _enter(stack, Monitor(self.bus, interval=self.settings.monitor_interval_s))
+        if self.settings.memory.monitor_interval_s > 0:
+            await _enter(stack, Monitor(self.bus, interval=self.settings.memory.monitor_interval_s))
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
@@ -301,7 +301,7 @@ class Runtime:
         """Apply these top-level keys (as settings.json spells them) over the running settings; the rest
         stay as they are (command-line flags included). SettingsError names a bad key or value."""
         parsed = settings_from_mapping(dict(values), origin="the settings sent")
-        merged = dataclasses.replace(self.settings, **{k: getattr(parsed, k) for k in values})
+        merged = self.settings.replace(**{k: parsed.value(k) for k in values})
         return await self.apply_settings(merged)
 
     async def set_overrides(self, model_id: str, values: Mapping[str, Any]) -> SettingsChange:
@@ -311,17 +311,17 @@ class Runtime:
             check_overrides(model_id, dict(values), allowed=LOAD_KEYS, where="the load body")
         except SettingsError as exc:
             raise BadRequestError(exc.message, param=next(iter(values), None)) from exc
-        over = {k: dict(v) for k, v in self.settings.model_overrides.items()}
+        over = {k: dict(v) for k, v in self.settings.models.model_overrides.items()}
         over[model_id] = {**over.get(model_id, {}), **values}
-        return await self.apply_settings(dataclasses.replace(self.settings, model_overrides=over))
+        return await self.apply_settings(self.settings.replace(model_overrides=over))
 
     async def restore_overrides(self, model_id: str, entry: Mapping[str, Any] | None) -> SettingsChange:
         """Put one model's overrides back as they were (None: it had none), e.g. after a load body whose
         values the engine refused; a loaded lane restarts with them."""
-        over = {k: dict(v) for k, v in self.settings.model_overrides.items() if k != model_id}
+        over = {k: dict(v) for k, v in self.settings.models.model_overrides.items() if k != model_id}
         if entry:
             over[model_id] = dict(entry)
-        return await self.apply_settings(dataclasses.replace(self.settings, model_overrides=over))
+        return await self.apply_settings(self.settings.replace(model_overrides=over))
 
     def _stale_lanes(self, old: Settings, new: Settings) -> dict[str, str]:
         """Loaded lanes whose start inputs differ, each with the keys that differ."""
@@ -347,15 +347,15 @@ class Runtime:
             holder.settings = new
         await self.downloads.apply_settings(new)
         if rescan:
-            self.catalog.dirs = tuple(new.models_dirs or (self.paths.models,))
+            self.catalog.dirs = tuple(new.library.models_dirs or (self.paths.models,))
             self.catalog.hf_cache = hub_config(new).cache_dir
             self.catalog.stores = app_stores(new)
             await asyncio.to_thread(self.catalog.scan)
 
 
 def _not_wired_changed(old: Settings, new: Settings) -> tuple[str, ...]:
-    models = set(old.model_overrides) | set(new.model_overrides)
-    moved = [m for m in models if old.model_overrides.get(m) != new.model_overrides.get(m)]
+    models = set(old.models.model_overrides) | set(new.models.model_overrides)
+    moved = [m for m in models if old.models.model_overrides.get(m) != new.models.model_overrides.get(m)]
     return tuple(sorted({k for m in moved for k in not_wired(new, model_id=m)}))
 
 

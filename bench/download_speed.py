@@ -73,7 +73,7 @@ def ours(url: str, cache: Path, *, parts: int) -> None:
     from app.hub.transfer import TransferOptions
 
     async def go() -> None:
-        settings = Settings(hf_endpoint=url, hf_cache_dir=str(cache))
+        settings = Settings.flat(hf_endpoint=url, hf_cache_dir=str(cache))
         async with DownloadManager(
             settings=settings, bus=EventBus(), state_dir=cache / ".jobs", token=lambda: None,
             options=TransferOptions(parts=parts), resume_on_start=False,

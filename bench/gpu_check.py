@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wanted = [e for e in args.engines.split(",") if e]
     kinds = engine_kinds()
-    settings = Settings(ctx_size=2048, parallel=4)
+    settings = Settings.flat(ctx_size=2048, parallel=4)
     # installed as the lanes see it: an engine environment of its own (`switchyard engine install`) or this
     # interpreter
     present = [e for e in wanted if e in kinds and kinds[e].install(settings).installed]

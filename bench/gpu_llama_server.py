@@ -84,7 +84,7 @@ def compare(predicted: dict[str, Any] | None, measured: dict[str, Any]) -> list[
 
 
 async def check_model(models: Path, model_id: str, binary: Path, *, tokens: int) -> dict[str, Any]:
-    settings = Settings(models_dirs=(models,), runtime="path", llama_server_path=str(binary))
+    settings = Settings.flat(models_dirs=(models,), runtime="path", llama_server_path=str(binary))
     rt = Runtime(settings=settings, paths=Paths.from_env())
     async with rt:
         t0 = time.monotonic()

@@ -91,7 +91,7 @@ async def _cycles(models: Path, cycles: int, requests: int) -> list[dict[str, fl
     asyncio.create_subprocess_exec = spawn_spy  # type: ignore[assignment]
     procmod.EngineProcess._take = take_spy  # type: ignore[method-assign]
     out: list[dict[str, float]] = []
-    rt = Runtime(settings=Settings(models_dirs=(models,)), paths=Paths.from_env())
+    rt = Runtime(settings=Settings.flat(models_dirs=(models,)), paths=Paths.from_env())
     async with rt:
         for _ in range(cycles):
             marks.clear()

@@ -61,7 +61,7 @@ def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -
         PinStore(paths.pins_file).all()
     except SettingsError as exc:
         problems.append(_problem("error", exc.message))
-    dirs = settings.models_dirs or (paths.models,)
+    dirs = settings.library.models_dirs or (paths.models,)
     with opened_catalog(settings, paths) as (_library, catalog):
         entries = catalog.scan()
     for e in entries:
@@ -69,12 +69,12 @@ def doctor(paths: Paths, *, settings: Settings, remotes: list[dict[str, Any]]) -
             problems.append(_problem("warning", f"model {e.id} ({e.path}) is broken: {e.problem}"))
     with socket.socket() as s:
         try:
-            s.bind((settings.host, settings.port))
+            s.bind((settings.server.host, settings.server.port))
         except OSError:
             problems.append(
                 _problem(
                     "info",
-                    f"port {settings.port} is in use (a running Switchyard server, or "
+                    f"port {settings.server.port} is in use (a running Switchyard server, or "
                     "another program: `switchyard serve --port N` picks another)",
                 )
             )

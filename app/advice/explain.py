@@ -49,7 +49,7 @@ from app.routing import Decision, FitCheck, check_pin
 
 
 def _fit_check(report: FitReport, settings: Settings) -> FitCheck:
-    if not report.fits and not (settings.enforce_fit and settings.plan_memory):
+    if not report.fits and not (settings.memory.enforce_fit and settings.memory.plan_memory):
         return FitCheck(
             True,
             f"by the estimate it {report.summary}, but the server does not enforce the estimate "
@@ -266,8 +266,8 @@ def explain(
         requested=Requested(
             ctx_size=ctx,
             ctx_auto=auto,
-            parallel=settings.override(entry.id, "parallel", settings.parallel),
-            kv_type=settings.override(entry.id, "kv_type", settings.kv_type),
+            parallel=settings.override(entry.id, "parallel", settings.models.parallel),
+            kv_type=settings.override(entry.id, "kv_type", settings.models.kv_type),
         ),
         facts=entry.facts if isinstance(entry.facts, GGUFFacts) else None,
         hardware=hardware,
@@ -348,8 +348,8 @@ def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) ->
         return {}
     gpu = max(cards, key=lambda g: g.memory_total or 0)
     length = min(model.config.max_position_embeddings or 8192, 32768)
-    if settings.ctx_size:
-        length = settings.ctx_size
+    if settings.models.ctx_size:
+        length = settings.models.ctx_size
     out: dict[str, dict[str, Any]] = {}
     for engine in SHARE_ENGINES:
         try:

@@ -46,7 +46,7 @@ def with_overrides(settings: Settings, model_id: str, overrides: Mapping[str, An
     model_overrides entry; unchanged when there are none."""
     if not overrides:
         return settings
-    over = dict(settings.model_overrides)
+    over = dict(settings.models.model_overrides)
     over[model_id] = {**over.get(model_id, {}), **overrides}
     return settings.with_changes(model_overrides=over)
 

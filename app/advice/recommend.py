@@ -203,9 +203,9 @@ def _candidate(task: str, rank: int, e: Any) -> Candidate:
 def capped(hardware: Hardware, settings: Settings) -> Hardware:
     """The machine as the lanes may use it: `ram_budget_mib` caps the RAM all lanes take together, so a
     recommendation never names a model the supervisor would refuse to load."""
-    if not settings.ram_budget_mib:
+    if not settings.memory.ram_budget_mib:
         return hardware
-    cap = settings.ram_budget_mib * MIB
+    cap = settings.memory.ram_budget_mib * MIB
     mem = hardware.memory
     memory = dataclasses.replace(
         mem,

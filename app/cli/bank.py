@@ -38,7 +38,7 @@ def _summary(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
         return summary
     from app.lanes.bank.sessions import bank_summary
 
-    budget = ctx.base_settings().session_bank_budget_mib * MIB
+    budget = ctx.base_settings().models.session_bank_budget_mib * MIB
     return bank_summary(ctx.paths.home, budget_bytes=budget)
 
 

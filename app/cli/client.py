@@ -62,7 +62,7 @@ def address(paths: Paths, flag: str | None) -> str:
     if recorded is not None:
         return recorded
     settings = load_settings(paths.settings_file)
-    return f"http://{settings.host}:{settings.port}"
+    return f"http://{settings.server.host}:{settings.server.port}"
 
 
 # ---- trust ------------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ class CliContext:
         server = self.running(args.url, api_key=args.api_key)
         if server is not None:
             return server.get("/api/settings", timeout=30)["settings"].get(name)
-        return getattr(self.base_settings(), name)
+        return self.base_settings().value(name)
 
     def change_settings(self, args: argparse.Namespace, values: dict[str, Any], *, origin: str) -> None:
         """Write `values` through the running server (it applies them live), else into settings.json."""

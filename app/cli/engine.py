@@ -214,7 +214,12 @@ def _install(kind: str, store: Any, settings: Settings, *, version: str | None, 
 
     async def go(bus: EventBus) -> Any:
         return await engine_install.install(
-            kind, store=store, bus=bus, version=version, build=build, engine_python=settings.engine_python
+            kind,
+            store=store,
+            bus=bus,
+            version=version,
+            build=build,
+            engine_python=settings.engines.engine_python,
         )
 
     try:
@@ -267,7 +272,7 @@ def _latest(args: argparse.Namespace, settings: Settings) -> int:
 
     for line in pull_only(settings, probe(), tag="latest"):
         print(line)
-    if settings.llama_cpp_version != "latest":
+    if settings.llamacpp.llama_cpp_version != "latest":
         print('runtime bin keeps its pinned release until llama_cpp_version is "latest" in settings.json')
     return EXIT_OK
 

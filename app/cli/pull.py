@@ -242,7 +242,7 @@ def _detached_update(args: argparse.Namespace, ctx: CliContext) -> int:
 
     if args.rollback:
         raise BadRequestError("--rollback is immediate: run it without --detach")
-    if args.eval or args.min_score is not None or (args.repo and args.repo in ctx.base_settings().gates):
+    if args.eval or args.min_score is not None or (args.repo and args.repo in ctx.base_settings().jobs.gates):
         body: dict[str, Any] = {"kind": "update", "model": args.repo}
         if args.eval:
             body.update(_suite(args.eval), min_score=args.min_score)
@@ -380,7 +380,7 @@ def cmd_update(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.rollback and (args.eval or args.min_score is not None):
         raise BadRequestError("--rollback goes back to the commit before the last update: it takes no --eval")
     # a standing gate scores updates; a rollback goes back to a commit that was current before, unscored
-    gated = args.repo and args.repo in ctx.base_settings().gates and not args.rollback
+    gated = args.repo and args.repo in ctx.base_settings().jobs.gates and not args.rollback
     if args.eval or args.min_score is not None or gated:
         return _gated(args, ctx)
     paths, settings = ctx.paths, ctx.settings(args)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         for line in pull_only(settings, probe(bandwidth_cache=ctx.paths.hardware_cache)):
             print(line)
         return 0
-    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(settings.server.event_loop)) as runner:
         runner.run(serve(settings, ctx.paths, use_tls=bool(getattr(args, "tls", False))))
     return 0
 

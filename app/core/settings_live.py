@@ -6,7 +6,6 @@ Pure: the Runtime (app/runtime.py `apply_settings`) acts on the answer; the admi
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,19 +49,19 @@ def lane_inputs(
     settings: Settings, *, model_id: str, engine: str, engine_keys: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The settings a lane of `engine` running `model_id` starts from: a lane whose inputs differ between
-    two settings needs a restart to take the new ones. `engine_keys`: the fields only that engine's kind
-    reads (its `setting_keys`, app/lanes/engines/)."""
-    over = settings.model_overrides.get(model_id, {})
-    values: dict[str, Any] = {k: over.get(k, getattr(settings, k)) for k in _MODEL_KEYS}
+    two settings needs a restart to take the new ones. `engine_keys`: the flat keys only that engine's kind
+    reads (its `setting_keys`: its area's keys, app/lanes/engines/)."""
+    over = settings.models.model_overrides.get(model_id, {})
+    values: dict[str, Any] = {k: over.get(k, settings.value(k)) for k in _MODEL_KEYS}
     values.update({k: over.get(k) for k in _MODEL_ONLY_KEYS})
-    values.update({k: getattr(settings, k) for k in (*_COMMON_KEYS, *engine_keys)})
-    values["engine_env"] = settings.engine_env.get(engine)
+    values.update({k: settings.value(k) for k in (*_COMMON_KEYS, *engine_keys)})
+    values["engine_env"] = settings.engines.engine_env.get(engine)
     return values
 
 
 def changed_keys(old: Settings, new: Settings) -> list[str]:
-    """Top-level keys whose values differ, in the dataclass's order."""
-    return [f.name for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
+    """Flat keys (as settings.json spells them) whose values differ, area by area."""
+    return [k for k in Settings.keys() if old.value(k) != new.value(k)]
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,8 @@ class SettingsChange:
 
 def not_wired(settings: Settings, *, model_id: str | None = None) -> tuple[str, ...]:
     """The keys set (for one model, or any) that are stored and shown but read by no engine yet."""
-    entries = [settings.model_overrides.get(model_id, {})] if model_id else settings.model_overrides.values()
+    overrides = settings.models.model_overrides
+    entries = [overrides.get(model_id, {})] if model_id else overrides.values()
     return tuple(k for k in NOT_WIRED_KEYS if any(k in e for e in entries))
 
 
@@ -116,6 +116,6 @@ def effective(params: dict[str, Any] | None, settings: Settings, *, model_id: st
     """A lane's values under the load body's names: what its engine runs with (its plan's parameters),
     and the speculative and lora settings it was started from."""
     out = {k: (params or {}).get(k) for k in LOAD_KEYS if k not in _SET_KEYS}
-    over = settings.model_overrides.get(model_id, {})
+    over = settings.models.model_overrides.get(model_id, {})
     out.update({k: over.get(k) for k in _SET_KEYS})
     return out

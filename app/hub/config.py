@@ -68,8 +68,10 @@ def hub_config(
 ) -> HubConfig:
     """The hub as this process sees it now. `token` is passed in by the token store (app.hub.token)."""
     env = os.environ if env is None else env
-    endpoint = (settings.hf_endpoint or env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    cache = Path(settings.hf_cache_dir).expanduser() if settings.hf_cache_dir else default_cache_dir(env)
-    offline = settings.offline or env.get("HF_HUB_OFFLINE", "").lower() in _TRUE
-    proxy = settings.hf_proxy or env.get("HTTPS_PROXY") or env.get("https_proxy") or None
+    endpoint = (settings.hub.hf_endpoint or env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    cache = (
+        Path(settings.hub.hf_cache_dir).expanduser() if settings.hub.hf_cache_dir else default_cache_dir(env)
+    )
+    offline = settings.hub.offline or env.get("HF_HUB_OFFLINE", "").lower() in _TRUE
+    proxy = settings.hub.hf_proxy or env.get("HTTPS_PROXY") or env.get("https_proxy") or None
     return HubConfig(endpoint=endpoint, cache_dir=cache, offline=offline, proxy=proxy, token=token)

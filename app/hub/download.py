@@ -192,7 +192,7 @@ class DownloadManager:
         self.bus = bus
         self.state_dir = state_dir
         self.token = token
-        self.options = options or TransferOptions(parts=settings.download_parts)
+        self.options = options or TransferOptions(parts=settings.downloads.download_parts)
         self.margin = margin
         self.progress_interval_s = progress_interval_s
         self.resume_on_start = resume_on_start
@@ -201,7 +201,7 @@ class DownloadManager:
         # paused or cancelled tasks until their cleanup is over: a resume waits for it, or it would find
         # the partial still locked by the task it replaces ("being downloaded by another process")
         self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._slots = Slots(settings.download_concurrency)
+        self._slots = Slots(settings.downloads.download_concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._persisted: set[str] = set()  # ids of the jobs whose state file this manager read or wrote
         self._resumed: set[str] = set()  # jobs this manager resumed at its start (see RESUME_LOCK_WAIT_S)
@@ -213,8 +213,8 @@ class DownloadManager:
         """New settings for the jobs to come and those running: the hub endpoint, proxy and offline mode
         are read at each job's start; the concurrency limit changes now; parts apply to the next transfer."""
         self.settings = settings
-        self.options = dataclasses.replace(self.options, parts=settings.download_parts)
-        await self._slots.resize(settings.download_concurrency)
+        self.options = dataclasses.replace(self.options, parts=settings.downloads.download_parts)
+        await self._slots.resize(settings.downloads.download_concurrency)
 
     # --- lifecycle --------------------------------------------------------------------------------
 

@@ -113,7 +113,7 @@ class TokenStore:
     # ---- changing ------------------------------------------------------------------------------------
     def set(self, token: Secret, *, to_file: bool = False) -> Stored:
         """Keep `token`: in the keyring; where none exists, in the file if opted into, else this process."""
-        opted = to_file or self.settings.hf_token_file
+        opted = to_file or self.settings.hub.hf_token_file
         kept = self.vault.put(USER, token, session=not opted)  # with the file opted into, no memory copy
         problem = kept.problem
         if problem is None:

@@ -188,7 +188,7 @@ class Lane(Counted):
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        limit = self.settings.engine_read_timeout_s
+        limit = self.settings.engines.engine_read_timeout_s
         hung: list[EngineUnresponsiveError] = []
         timers: list[asyncio.TimerHandle] = []
 
@@ -511,14 +511,14 @@ class Lane(Counted):
         plan = self.plan
         assert plan is not None
         t0 = time.monotonic()
-        deadline = t0 + self.settings.start_stall_s
+        deadline = t0 + self.settings.engines.start_stall_s
         last_seen = proc.ring.last_output
         while True:
             if proc.proc.returncode is not None:
                 await proc.drain_output()
                 self._fail_exited(proc, during="start")
             if self._stop_requested:
-                await proc.terminate(grace=self.settings.stop_grace_s)
+                await proc.terminate(grace=self.settings.engines.stop_grace_s)
                 self._set(LaneState.STOPPED, reason="stopped while starting")
                 raise EngineStartError(f"start of {self.model_id!r} was cancelled by a stop request")
             if proc.reported_ready.is_set():
@@ -526,9 +526,9 @@ class Lane(Counted):
             now = time.monotonic()
             if proc.ring.last_output != last_seen:
                 last_seen = proc.ring.last_output
-                deadline = max(deadline, now + self.settings.start_stall_s)
-            if now > deadline or now - t0 > self.settings.start_max_s:
-                await proc.terminate(grace=self.settings.stop_grace_s)
+                deadline = max(deadline, now + self.settings.engines.start_stall_s)
+            if now > deadline or now - t0 > self.settings.engines.start_max_s:
+                await proc.terminate(grace=self.settings.engines.stop_grace_s)
                 waited = now - t0
                 self._fail(f"engine did not become ready within {waited:.0f} s (no progress)")
                 raise EngineStartError(
@@ -545,7 +545,7 @@ class Lane(Counted):
                         if r.status == 200:
                             return
                         if r.status == 503:  # still loading: that is progress
-                            deadline = max(deadline, now + self.settings.start_stall_s)
+                            deadline = max(deadline, now + self.settings.engines.start_stall_s)
                 except (TimeoutError, aiohttp.ClientError):
                     pass
             with contextlib.suppress(TimeoutError):  # woken at once by the engine's own ready line
@@ -594,7 +594,10 @@ class Lane(Counted):
     async def _check_alive(self, proc: EngineProcess) -> None:
         """Every engine_liveness_s while `proc` serves: its health route must answer (any status) within
         engine_liveness_timeout_s, or some request must have made progress meanwhile."""
-        every, limit = self.settings.engine_liveness_s, self.settings.engine_liveness_timeout_s
+        every, limit = (
+            self.settings.engines.engine_liveness_s,
+            self.settings.engines.engine_liveness_timeout_s,
+        )
         probed = time.monotonic()
         while True:
             # the process state each second: a stopped engine (SIGSTOP, a debugger) holds its clients with
@@ -650,7 +653,7 @@ class Lane(Counted):
         if was_ready and self.before_stop is not None and self.proc is not None:
             await self._before_stop(self.before_stop)
         if self.proc is not None:
-            rc = await self.proc.terminate(grace=self.settings.stop_grace_s)
+            rc = await self.proc.terminate(grace=self.settings.engines.stop_grace_s)
             self.ring.add(f"--- switchyard: engine stopped ({reason}), exit code {rc}")
         self.port = None
         self._draining = False

@@ -82,7 +82,7 @@ def engine_env(
 
 def settings_env(settings: Settings, *, kind: str) -> dict[str, str]:
     """engine_env for lane `kind` with the user's additions from the settings."""
-    return engine_env(kind=kind, passed=settings.engine_env_pass, extra=settings.engine_env)
+    return engine_env(kind=kind, passed=settings.engines.engine_env_pass, extra=settings.engines.engine_env)
 
 
 class LogRing:

@@ -237,7 +237,8 @@ class Supervisor(SessionOwner):
         lane = self.lanes.get(entry.id)
         if lane is None:
             ring = LogRing(
-                max_lines=self.settings.log_ring_lines, file=self.log_dir / f"{lane_slug(entry.id)}.log"
+                max_lines=self.settings.engines.log_ring_lines,
+                file=self.log_dir / f"{lane_slug(entry.id)}.log",
             )
             default = default_kind(entry, self.kinds)
             lane = Lane(
@@ -266,7 +267,7 @@ class Supervisor(SessionOwner):
     def judge_ids(self) -> frozenset[str]:
         """The library ids of the safety policy's judges (docs/safety.md): small side lanes of their own."""
         try:
-            specs = parse_policy(self.settings.policy).judges
+            specs = parse_policy(self.settings.safety.policy).judges
         except SwitchyardError:
             return frozenset()
         ids = set()
@@ -292,14 +293,14 @@ class Supervisor(SessionOwner):
         if pool == "judge":
             return max(len(self.judge_ids()), 1)  # every judge of the policy may stay loaded
         if pool == "side":
-            return self.settings.max_embedding_lanes
-        return self.settings.loaded_lane_cap
+            return self.settings.memory.max_embedding_lanes
+        return self.settings.memory.loaded_lane_cap
 
     async def _make_room(self, target: Lane) -> None:
         """Memory first where residency is "memory" (it shares the machine by memory); then the count cap,
         if any, whose stops say that the count, not memory, made them."""
         pool = self.pool_of(target)
-        by_memory = self.settings.residency == "memory"
+        by_memory = self.settings.memory.residency == "memory"
         if by_memory:
             await self._make_memory_room(target)
         cap = self._limit(pool)
@@ -317,7 +318,7 @@ class Supervisor(SessionOwner):
 
     async def _swap_out(self, victim: Lane, target: Lane, *, busy: str, note: str | None = None) -> None:
         """Stop `victim` for `target` once its requests are done (up to drain_timeout_s), else refuse."""
-        async with victim.drained(wait_s=self.settings.drain_timeout_s) as idle:
+        async with victim.drained(wait_s=self.settings.engines.drain_timeout_s) as idle:
             if not idle:
                 raise LaneBusyError(
                     f"cannot load {target.model_id!r}: {victim.model_id!r} is still serving "
@@ -371,8 +372,10 @@ class Supervisor(SessionOwner):
             ram_available=read_memory().available,
             gpu_free=gpu_free(self.hardware),
             loaded=[self.footprint_of(ln) for ln in loaded],
-            reserve=self.settings.memory_reserve_mib * MIB,
-            ram_budget=self.settings.ram_budget_mib * MIB if self.settings.ram_budget_mib else None,
+            reserve=self.settings.memory.memory_reserve_mib * MIB,
+            ram_budget=self.settings.memory.ram_budget_mib * MIB
+            if self.settings.memory.ram_budget_mib
+            else None,
         )
 
     def _resident(self, lane: Lane) -> Resident:
@@ -468,7 +471,7 @@ class Supervisor(SessionOwner):
         async with self._swap_lock:  # a start in progress finishes first; no other lane starts meanwhile
             if lane.state not in (LaneState.READY, LaneState.STARTING):
                 return lane
-            async with lane.drained(wait_s=self.settings.drain_timeout_s) as idle:
+            async with lane.drained(wait_s=self.settings.engines.drain_timeout_s) as idle:
                 if not idle:
                     raise LaneBusyError(
                         f"cannot restart {model_id!r} for new settings: it is still serving "

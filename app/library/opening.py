@@ -30,8 +30,8 @@ def open_catalog(
     library = Library.open(paths)
     for text in library.notices:
         notice(text)
-    dirs = settings.models_dirs or (paths.models,)
-    starter = find_starter() if settings.starter_model else None
+    dirs = settings.library.models_dirs or (paths.models,)
+    starter = find_starter() if settings.library.starter_model else None
     cache = hub_config(settings).cache_dir
     stores = app_stores(settings)
     return library, Catalog(dirs, library=library, hf_cache=cache, starter=starter, stores=stores)

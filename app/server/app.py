@@ -55,7 +55,7 @@ def make_app(runtime: Runtime) -> web.Application:
             auth.require_key,
             limits.middleware(runtime.settings),  # innermost: it needs the client the auth middleware names
         ],
-        client_max_size=runtime.settings.max_body_mib * limits.MIB,
+        client_max_size=runtime.settings.limits.max_body_mib * limits.MIB,
         handler_args=limits.HANDLER_ARGS,
     )
     app[RUNTIME] = runtime
@@ -68,7 +68,7 @@ def make_app(runtime: Runtime) -> web.Application:
             yield
 
     async def tracing_ctx(_: web.Application) -> AsyncIterator[None]:
-        async with tracing.exporting(runtime.settings.tracing_otlp_endpoint):
+        async with tracing.exporting(runtime.settings.server.tracing_otlp_endpoint):
             yield
 
     async def gateway_ctx(_: web.Application) -> AsyncIterator[None]:
@@ -139,9 +139,10 @@ async def serve(
     """Bind, announce, and run until `stop` or SIGTERM/SIGINT/SIGHUP; then stop every lane and remove
     server.json. `use_tls` (`serve --tls`) serves HTTPS; a non-loopback bind refuses plain HTTP unless
     `allow_plain_lan` is set."""
-    if not auth.is_loopback(settings.host) and not KeyStore.at(paths):
+    host = settings.server.host
+    if not auth.is_loopback(host) and not KeyStore.at(paths):
         raise SettingsError(
-            f"refusing to bind {settings.host}: a non-loopback address exposes the API to the network, and "
+            f"refusing to bind {host}: a non-loopback address exposes the API to the network, and "
             "no API key exists yet; create one with `switchyard keys create NAME` (give it to each client), "
             "or bind 127.0.0.1 (the default)"
         )
@@ -159,22 +160,28 @@ async def serve(
         shutdown_timeout=5,
         # aiohttp arms this from the moment a connection opens, so it also ends request heads that never
         # complete (slow-loris), besides idle keep-alive connections
-        keepalive_timeout=settings.idle_timeout_s,
+        keepalive_timeout=settings.limits.idle_timeout_s,
     )
     await runner.setup()
     ssl_ctx = tls.server_context(material) if material is not None else None
     try:
         bound = await listen.open_site(
-            runner, host=settings.host, port=settings.port, ssl_context=ssl_ctx, change="start with --port N"
+            runner,
+            host=settings.server.host,
+            port=settings.server.port,
+            ssl_context=ssl_ctx,
+            change="start with --port N",
         )
     except OSError:
         await runner.cleanup()
         raise
     port = bound.port
     if material is not None and ssl_ctx is not None:  # peers pair and call over this TLS site
-        routes_peers.arm(app, cert_pem=material.cert.read_text(), ctx=ssl_ctx, host=settings.host, port=port)
-    url, dial = server_urls(settings.host, port, scheme="https" if material else "http")
-    record_server(paths, dial=dial, host=settings.host, port=port, material=material)
+        routes_peers.arm(
+            app, cert_pem=material.cert.read_text(), ctx=ssl_ctx, host=settings.server.host, port=port
+        )
+    url, dial = server_urls(settings.server.host, port, scheme="https" if material else "http")
+    record_server(paths, dial=dial, host=settings.server.host, port=port, material=material)
     try:
         _log_catalog(runtime)
         if material is not None:

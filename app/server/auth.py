@@ -93,7 +93,7 @@ def is_loopback(host: str | None) -> bool:
 
 
 def keys_required(settings: Settings) -> bool:
-    return settings.require_api_key or not is_loopback(settings.host)
+    return settings.security.require_api_key or not is_loopback(settings.server.host)
 
 
 def host_names(address: str) -> set[str]:
@@ -118,7 +118,7 @@ def own_addresses() -> set[str]:
 
 
 def cors_origins(settings: Settings) -> frozenset[str]:
-    return frozenset(normalize_origin(o) for o in settings.cors_origins)
+    return frozenset(normalize_origin(o) for o in settings.security.cors_origins)
 
 
 def is_admin(request: web.Request) -> bool:
@@ -254,11 +254,11 @@ def allowed_hosts(settings: Settings) -> frozenset[str]:
     """The Host names a server bound by `settings` answers to: loopback names, the bound name, every address
     of this machine when the bind reaches the network, and the `allowed_hosts` setting."""
     hosts = set(LOOPBACK_NAMES)
-    if settings.host not in ("0.0.0.0", "::"):
-        hosts |= host_names(settings.host)
-    if not is_loopback(settings.host):  # reachable from the network: by any of our addresses
+    if settings.server.host not in ("0.0.0.0", "::"):
+        hosts |= host_names(settings.server.host)
+    if not is_loopback(settings.server.host):  # reachable from the network: by any of our addresses
         hosts |= own_addresses()
-    for name in settings.allowed_hosts:
+    for name in settings.security.allowed_hosts:
         hosts |= host_names(name)
     return frozenset(hosts)
 
@@ -267,7 +267,7 @@ def guard_for(settings: Settings, *, store: KeyStore, allow_headers: tuple[str, 
     return Guard(
         store=store,
         required=keys_required(settings),
-        remote_admin=settings.allow_remote_admin,
+        remote_admin=settings.security.allow_remote_admin,
         origins=cors_origins(settings),
         allow_headers=allow_headers,
         hosts=allowed_hosts(settings),

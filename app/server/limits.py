@@ -58,14 +58,14 @@ def error_response(
 
 
 def middleware(settings: Settings) -> Middleware:
-    max_body = settings.max_body_mib * MIB
-    per_client = settings.max_concurrent_per_client
-    body_timeout = settings.body_timeout_s
+    max_body = settings.limits.max_body_mib * MIB
+    per_client = settings.limits.max_concurrent_per_client
+    body_timeout = settings.limits.body_timeout_s
     active: dict[str, int] = {}
 
     def too_large() -> RequestTooLargeError:
         return RequestTooLargeError(
-            f"the request body is over the {settings.max_body_mib} MiB limit; send a smaller body "
+            f"the request body is over the {settings.limits.max_body_mib} MiB limit; send a smaller body "
             "(or raise max_body_mib in settings.json)"
         )
 

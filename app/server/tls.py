@@ -51,17 +51,18 @@ def fingerprint(cert_pem: bytes) -> str:
 
 def wanted(settings: Settings, *, asked: bool) -> bool:
     """TLS is on when asked for (`serve --tls`) or when settings name a certificate."""
-    return asked or bool(settings.tls_cert or settings.tls_key)
+    return asked or bool(settings.security.tls_cert or settings.security.tls_key)
 
 
 def check_plain_bind(settings: Settings, *, use_tls: bool) -> None:
     """Refuse a non-loopback bind in clear text: API keys would cross the network readable."""
     from app.server import auth  # here, not at the top: the CLI imports this module for its clients
 
-    if use_tls or auth.is_loopback(settings.host) or settings.allow_plain_lan:
+    if use_tls or auth.is_loopback(settings.server.host) or settings.security.allow_plain_lan:
         return
+    host = settings.server.host
     raise SettingsError(
-        f"refusing to bind {settings.host} without TLS: API keys would cross the network in clear text; "
+        f"refusing to bind {host} without TLS: API keys would cross the network in clear text; "
         "start with `switchyard serve --tls` (a self-signed certificate is made, or set tls_cert and "
         'tls_key in settings.json), or set "allow_plain_lan": true in settings.json to accept plain HTTP, '
         "or bind 127.0.0.1 (the default)"
@@ -70,14 +71,16 @@ def check_plain_bind(settings: Settings, *, use_tls: bool) -> None:
 
 def prepare(settings: Settings, paths: Paths) -> TlsMaterial:
     """The pair to serve: the one in settings, checked, or the self-signed one under the data dir."""
-    if settings.tls_cert or settings.tls_key:
-        if not (settings.tls_cert and settings.tls_key):
+    if settings.security.tls_cert or settings.security.tls_key:
+        if not (settings.security.tls_cert and settings.security.tls_key):
             raise SettingsError(
                 "set both tls_cert and tls_key in settings.json (PEM files), or neither to use a "
                 "self-signed certificate made under the data dir"
             )
-        return load_pair(Path(settings.tls_cert).expanduser(), Path(settings.tls_key).expanduser())
-    return self_signed(paths, host=settings.host)
+        return load_pair(
+            Path(settings.security.tls_cert).expanduser(), Path(settings.security.tls_key).expanduser()
+        )
+    return self_signed(paths, host=settings.server.host)
 
 
 def material_for(settings: Settings, paths: Paths, *, use_tls: bool) -> TlsMaterial | None:

@@ -55,7 +55,7 @@ class Desktop:
         except BaseException:  # a window that cannot be built must not leave engines or the socket behind
             await self.server.close()
             raise
-        if self.settings.start_server_with_app:
+        if self.settings.server.start_server_with_app:
             with contextlib.suppress(SwitchyardError):  # the Server page and status bar show why
                 await self.server.start()
         # drawn now, not when the bus event arrives a loop turn later

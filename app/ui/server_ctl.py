@@ -32,7 +32,7 @@ class ServerControl:
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=5,
-            keepalive_timeout=runtime.settings.idle_timeout_s,
+            keepalive_timeout=runtime.settings.limits.idle_timeout_s,
         )
         self._site: web.TCPSite | None = None
         self.url: str | None = None
@@ -62,21 +62,21 @@ class ServerControl:
         if self._site is not None:
             return self.url or ""
         s = self.runtime.settings
-        if not auth.is_loopback(s.host) and not KeyStore.at(self.paths):
+        if not auth.is_loopback(s.server.host) and not KeyStore.at(self.paths):
             self.error = (
-                f"refusing to listen on {s.host}: that exposes the API to the network and no API key "
+                f"refusing to listen on {s.server.host}: that exposes the API to the network and no API key "
                 "exists; create one on the Server page first"
             )
             self._publish()
             raise SettingsError(self.error)
         material = self._tls()
         auth.arm(self.app, s)  # the guards follow the settings as they are now, not as at the first start
-        want = s.port if self.port is None else self.port
+        want = s.server.port if self.port is None else self.port
         ctx = tls.server_context(material) if material is not None else None
         try:
             bound = await open_site(
                 self.runner,
-                host=s.host,
+                host=s.server.host,
                 port=want,
                 ssl_context=ctx,
                 change="change the port on the Server page",
@@ -85,16 +85,16 @@ class ServerControl:
             self.error = (
                 exc.message
                 if isinstance(exc, PortInUseError)
-                else (f"could not listen on {s.host}:{want}: {exc.strerror or exc}")
+                else (f"could not listen on {s.server.host}:{want}: {exc.strerror or exc}")
             )
             self._publish()
             raise PortInUseError(self.error) from exc
         site, port = bound.site, bound.port
         if material is not None and ctx is not None:  # peers pair and call over this TLS site, as with serve
-            peers.arm(self.app, cert_pem=material.cert.read_text(), ctx=ctx, host=s.host, port=port)
-        _, dial = server_urls(s.host, port, scheme="https" if material else "http")
-        self._site, self.url, self.error, self.tls, self.host = site, dial, None, material, s.host
-        record_server(self.paths, dial=dial, host=s.host, port=port, material=material)
+            peers.arm(self.app, cert_pem=material.cert.read_text(), ctx=ctx, host=s.server.host, port=port)
+        _, dial = server_urls(s.server.host, port, scheme="https" if material else "http")
+        self._site, self.url, self.error, self.tls, self.host = site, dial, None, material, s.server.host
+        record_server(self.paths, dial=dial, host=s.server.host, port=port, material=material)
         self._publish()
         return self.url
 
@@ -102,7 +102,7 @@ class ServerControl:
         """A network bind serves HTTPS (the window has no --tls flag to forget) unless allow_plain_lan is
         set; settings that name a certificate turn it on everywhere."""
         s = self.runtime.settings
-        lan = not auth.is_loopback(s.host) and not s.allow_plain_lan
+        lan = not auth.is_loopback(s.server.host) and not s.security.allow_plain_lan
         try:
             return tls.material_for(s, self.paths, use_tls=tls.wanted(s, asked=lan))
         except SettingsError as exc:

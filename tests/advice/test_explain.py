@@ -276,7 +276,7 @@ async def test_supervisor_refuses_a_model_pinned_to_a_lane_it_cannot_start(
     paths = Paths.from_env()
     paths.ensure()
     paths.pins_file.write_text(json.dumps({"tiny": "vllm"}))
-    async with Runtime(settings=Settings(models_dirs=(models,)), paths=paths) as rt:
+    async with Runtime(settings=Settings.flat(models_dirs=(models,)), paths=paths) as rt:
         with pytest.raises(EngineUnavailableError, match="pinned to vllm"):
             await rt.supervisor.ensure("tiny")
         paths.pins_file.write_text(json.dumps({"tiny": "llama.cpp"}))

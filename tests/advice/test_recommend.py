@@ -140,7 +140,7 @@ def test_first_run_opens_on_recommendations(
 
     monkeypatch.delenv("SWITCHYARD_NO_FIRST_RUN")
     paths = Paths(home=isolated_env)
-    settings = Settings(
+    settings = Settings.flat(
         port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, ram_budget_mib=BUDGET_MIB
     )
 

@@ -39,16 +39,16 @@ def test_pin_store_sets_reads_and_refuses_a_corrupt_file(tmp_path: Path) -> None
 
 
 def test_overrides_win_over_the_models_saved_ones() -> None:
-    saved = Settings(model_overrides={"tiny": {"ctx_size": 1024, "kv_type": "q8_0"}})
+    saved = Settings.flat(model_overrides={"tiny": {"ctx_size": 1024, "kv_type": "q8_0"}})
     changed = with_overrides(saved, "tiny", {"ctx_size": 2048})
-    assert changed.model_overrides["tiny"] == {"ctx_size": 2048, "kv_type": "q8_0"}
+    assert changed.models.model_overrides["tiny"] == {"ctx_size": 2048, "kv_type": "q8_0"}
     assert with_overrides(saved, "tiny", None) is saved and with_overrides(saved, "tiny", {}) is saved
 
 
 # ---- start and stop ------------------------------------------------------------------------------------
 def test_the_constructor_does_no_io(tmp_path: Path) -> None:
     home = tmp_path / "not-yet"
-    Runtime(settings=Settings(monitor_interval_s=0), paths=Paths(home=home))
+    Runtime(settings=Settings.flat(monitor_interval_s=0), paths=Paths(home=home))
     assert not home.exists()
 
 
@@ -57,7 +57,7 @@ async def test_a_part_that_fails_to_start_unwinds_the_others(tmp_path: Path) -> 
     paths.home.mkdir(parents=True)
     (paths.home / "remotes.json").write_text("{broken")  # remote lanes start after lanes and downloads
     before = asyncio.all_tasks()
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0.05), paths=paths)
+    rt = Runtime(settings=Settings.flat(plan_memory=False, monitor_interval_s=0.05), paths=paths)
     with pytest.raises(SettingsError, match=r"remotes\.json"):
         async with rt:
             pytest.fail("the Runtime started with a corrupt remotes.json")
@@ -69,7 +69,7 @@ async def test_a_part_that_fails_to_start_unwinds_the_others(tmp_path: Path) -> 
         rt.library.db.query("SELECT 1")
     # a fixed file starts it; the exit stops every part it started
     (paths.home / "remotes.json").unlink()
-    async with Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0.05), paths=paths) as ok:
+    async with Runtime(settings=Settings.flat(plan_memory=False, monitor_interval_s=0.05), paths=paths) as ok:
         running = {t.get_name() for t in asyncio.all_tasks()}
         assert PART_TASKS <= running
     assert not {t.get_name() for t in asyncio.all_tasks() - before} & PART_TASKS
@@ -79,7 +79,7 @@ async def test_a_part_that_fails_to_start_unwinds_the_others(tmp_path: Path) -> 
 # ---- the verbs ---------------------------------------------------------------------------------------------
 async def test_explain_verb_is_typed_follows_pins_and_overrides(tmp_path: Path, model_store: Path) -> None:
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
-    settings = Settings(models_dirs=(models,), monitor_interval_s=0)
+    settings = Settings.flat(models_dirs=(models,), monitor_interval_s=0)
     async with Runtime(settings=settings, paths=Paths.from_env()) as rt:
         found = await rt.explain("tiny")
         assert isinstance(found, Explanation) and found.lane == "llama.cpp" and not found.decision.pinned
@@ -88,7 +88,7 @@ async def test_explain_verb_is_typed_follows_pins_and_overrides(tmp_path: Path, 
         json.dumps(found.public())  # the wire form is plain JSON
         wider = await rt.explain("tiny", overrides={"ctx_size": 2048})
         assert wider.requested.ctx_size == 2048 and found.requested.ctx_size != 2048
-        assert rt.settings.model_overrides == {}  # an override is asked, never saved
+        assert rt.settings.models.model_overrides == {}  # an override is asked, never saved
         rt.pins.set("tiny", "llama.cpp")
         assert (await rt.explain("tiny")).decision.pinned
         await asyncio.to_thread(rt.catalog.scan)  # the library's pins table mirrors pins.json on a scan

@@ -25,9 +25,9 @@ def test_guard_enable_pulls_and_configures_the_default_judge(
     assert main(["guard", "enable", "qwen3guard-0.6b", "--local", "--judge", "both"]) == 0
     paths = Paths.from_env()
     settings = load_settings(paths.settings_file)
-    policy = parse_policy(settings.policy)
+    policy = parse_policy(settings.safety.policy)
     assert policy.enabled and policy.requests and policy.answers
-    assert settings.max_loaded_lanes is None  # left alone: the judge's lane has a pool of its own
+    assert settings.memory.max_loaded_lanes is None  # left alone: the judge's lane has a pool of its own
     (judge,) = policy.judges
     assert (judge.model, judge.format) == (f"{REPO}:Q8_0", "qwen3guard")
     # the judge's id is one the catalog resolves to the pulled file

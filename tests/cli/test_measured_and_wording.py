@@ -342,19 +342,24 @@ async def test_memory_residency_keeps_lanes_by_memory_and_a_cap_says_it_stopped_
     def ready(rt: Runtime) -> set[str]:
         return {ln.model_id for ln in rt.supervisor.lanes.values() if ln.state is LaneState.READY}
 
-    s = Settings(models_dirs=(models,), residency="memory", memory_reserve_mib=0)  # no max_loaded_lanes
+    s = Settings.flat(models_dirs=(models,), residency="memory", memory_reserve_mib=0)  # no max_loaded_lanes
     async with Runtime(settings=s, paths=Paths.from_env()) as rt:
         await rt.supervisor.load("tiny")
         await rt.supervisor.load("tiny2")
         assert ready(rt) == {"tiny", "tiny2"}  # both fit: memory decides, not a count of one
-    capped = Settings(models_dirs=(models,), residency="memory", memory_reserve_mib=0, max_loaded_lanes=1)
+    capped = Settings.flat(
+        models_dirs=(models,), residency="memory", memory_reserve_mib=0, max_loaded_lanes=1
+    )
     async with Runtime(settings=capped, paths=Paths.from_env()) as rt:
         await rt.supervisor.load("tiny")
         await rt.supervisor.load("tiny2")
         assert ready(rt) == {"tiny2"}
         said = "\n".join(rt.supervisor.lanes["tiny"].ring.tail(20))
         assert "to make room for tiny2: max_loaded_lanes is 1; memory would have held both" in said, said
-    assert Settings().loaded_lane_cap == 1 and Settings(residency="memory").loaded_lane_cap is None
+    assert (
+        Settings().memory.loaded_lane_cap == 1
+        and Settings.flat(residency="memory").memory.loaded_lane_cap is None
+    )
 
 
 # --- 16: transcripts read as sentences, and say the language heard -------------------------------------

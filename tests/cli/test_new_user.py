@@ -4,7 +4,6 @@ line; `doctor versions` is the versions view of doctor; every flag of every comm
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -161,7 +160,7 @@ def _walk(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, arg
 
 
 def test_every_flag_of_every_command_has_help_in_words() -> None:
-    keys = {f.name for f in dataclasses.fields(Settings)}
+    keys = {f.name for f in Settings.fields()}
     seen, poor = 0, []
     for path, action in _walk(_parser(), "switchyard"):
         seen += 1

@@ -14,8 +14,8 @@ from app.core.settings import DEFAULT_PORT, Settings, load_settings
 
 def test_defaults_are_safe() -> None:
     s = Settings()
-    assert s.host == "127.0.0.1" and s.port == DEFAULT_PORT
-    assert s.max_loaded_lanes is None and s.loaded_lane_cap == 1 and s.idle_ttl_s == 900
+    assert s.server.host == "127.0.0.1" and s.server.port == DEFAULT_PORT
+    assert s.memory.max_loaded_lanes is None and s.memory.loaded_lane_cap == 1 and s.memory.idle_ttl_s == 900
 
 
 def test_missing_file_gives_defaults(tmp_path: Path) -> None:
@@ -35,8 +35,8 @@ def test_file_values_and_overrides(tmp_path: Path) -> None:
         )
     )
     s = load_settings(p)
-    assert s.port == 9000 and s.idle_ttl_s == 5.0
-    assert s.models_dirs == (Path("~/m").expanduser(),)
+    assert s.server.port == 9000 and s.memory.idle_ttl_s == 5.0
+    assert s.library.models_dirs == (Path("~/m").expanduser(),)
     assert s.ttl_for("tiny") == 2 and s.ttl_for("other") == 5.0
     assert s.override("tiny", "ctx_size", 0) == 1024
 
@@ -89,4 +89,4 @@ def test_switchyard_home_overrides_everything(tmp_path: Path) -> None:
 )
 def test_bad_override_values_are_refused_up_front(over: dict[str, object], match: str) -> None:
     with pytest.raises(SettingsError, match=match):
-        Settings(model_overrides={"m": over})
+        Settings.flat(model_overrides={"m": over})

@@ -75,7 +75,9 @@ async def test_a_name_that_resolves_here_is_refused_when_it_connects(
 
 
 async def test_a_notification_never_re_enters_notification(tmp_path: Path) -> None:
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h"))
+    rt = Runtime(
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h")
+    )
     async with TestClient(TestServer(make_app(rt))) as client:
         own = f"http://127.0.0.1:{client.port}/api/notify/test"
         hook = {"url": own, "kind": "json", "allow_local": True}  # opted in: it may reach this server
@@ -114,7 +116,9 @@ async def test_hook_urls_and_secrets_are_masked(
     ours = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("aiohttp"))
     assert "not delivered: HTTP 500" in ours and "SECRET-TOKEN" not in ours  # (the receiver's own log aside)
     signed = {"url": "https://hooks.example.com/services/T0/B0/SECRET-TOKEN", "secret": "hunter2"}
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h"))
+    rt = Runtime(
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h")
+    )
     async with TestClient(TestServer(make_app(rt))) as client:
         assert (await client.put("/api/settings", json={"notify": {"webhooks": [signed]}})).status == 200
         shown = await (await client.get("/api/settings")).json()

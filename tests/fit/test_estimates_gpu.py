@@ -383,7 +383,7 @@ def test_doctor_and_explain_show_the_cards_bandwidth(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ which device a load's answers go under
 def _runtime_with_lanes(tmp_path: Path, http: aiohttp.ClientSession, plans: dict[str, LaunchPlan]) -> Runtime:
     """A Runtime (not started) whose supervisor holds a lane per plan, each as a start leaves it."""
-    settings = Settings(models_dirs=(tmp_path / "models",))
+    settings = Settings.flat(models_dirs=(tmp_path / "models",))
     rt = Runtime(settings=settings, paths=Paths(tmp_path))
     library, catalog = open_catalog(settings, rt.paths)
     library.close()  # the lanes never start: the catalog is only held
@@ -506,7 +506,7 @@ def test_explain_matches_the_measured_row_to_the_planned_device(tmp_path: Path) 
     for name, hw, settings in (
         ("gpu", RTX_4090_MACHINE, Settings()),
         ("cpu", machine(ram_gib=64), Settings()),
-        ("split", RTX_4090_MACHINE, Settings(gpu_layers=1)),
+        ("split", RTX_4090_MACHINE, Settings.flat(gpu_layers=1)),
     ):
         e = explain(entry, inputs=AdviceInputs(settings, hw, pins={}), speeds=rows)
         assert e.fit is not None and e.fit.chosen is not None and e.measured is not None

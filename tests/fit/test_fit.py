@@ -56,7 +56,7 @@ async def test_prediction_matches_llama_cpp(tmp_path: Path, shape: str) -> None:
         write_gemma2_gguf(models / f"{shape}.gguf")
     else:
         write_tiny_gguf(models / f"{shape}.gguf", spec)
-    rt = Runtime(settings=Settings(models_dirs=(models,), **settings), paths=Paths.from_env())  # type: ignore[arg-type]
+    rt = Runtime(settings=Settings.flat(models_dirs=(models,), **settings), paths=Paths.from_env())  # type: ignore[arg-type]
     async with rt:
         lane = await rt.supervisor.ensure(shape)
         assert lane.plan is not None and lane.plan.fit is not None and lane.measured is not None
@@ -281,7 +281,9 @@ async def test_gateway_refuses_a_model_that_does_not_fit(tmp_path: Path) -> None
     models = tmp_path / "models"
     write_tiny_gguf(models / "large.gguf", LARGE)
     # 8 layers x 4 KV heads x 128 dims x 2 bytes = 8 KiB a cell: 8M cells need 64 GiB of KV cache
-    settings = Settings(models_dirs=(models,), parallel=1, model_overrides={"large": {"ctx_size": 8 << 20}})
+    settings = Settings.flat(
+        models_dirs=(models,), parallel=1, model_overrides={"large": {"ctx_size": 8 << 20}}
+    )
     rt = Runtime(settings=settings, paths=Paths.from_env())
     async with rt:
         with pytest.raises(ModelTooLargeError, match="does not fit") as exc:
@@ -303,9 +305,11 @@ def test_enforce_fit_off_plans_but_does_not_refuse(tmp_path: Path) -> None:
     hw = probe(engine=False)
     huge = {"large": {"ctx_size": 8 << 20}}
     with pytest.raises(ModelTooLargeError):
-        build_plan(entry, Settings(model_overrides=huge), StartContext(ppid=1, port=1, hardware=hw))
+        build_plan(entry, Settings.flat(model_overrides=huge), StartContext(ppid=1, port=1, hardware=hw))
     plan = build_plan(
-        entry, Settings(model_overrides=huge, enforce_fit=False), StartContext(ppid=1, port=1, hardware=hw)
+        entry,
+        Settings.flat(model_overrides=huge, enforce_fit=False),
+        StartContext(ppid=1, port=1, hardware=hw),
     )
     assert plan.fit is not None and not plan.fit.fits
     assert plan.params.ctx_size == 8 << 20  # the user's choice runs as asked

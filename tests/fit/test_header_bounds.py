@@ -53,12 +53,14 @@ def test_a_trained_context_no_model_has_is_refused_with_the_numbers(tmp_path: Pa
     with pytest.raises(ModelBrokenError, match="4294967295 tokens") as e:
         plan_params(entry, Settings())  # what a start without a plan runs: refused before any engine
     assert e.value.status == 422
-    chosen = Settings(model_overrides={"hostile": {"ctx_size": 1024}})  # the user's own window still works
+    chosen = Settings.flat(
+        model_overrides={"hostile": {"ctx_size": 1024}}
+    )  # the user's own window still works
     assert requested_ctx(entry, chosen) == (1024, False)
     assert plan_params(entry, chosen).ctx_size == 1024
 
 
 def test_the_automatic_window_is_bounded(tmp_path: Path) -> None:
     entry = _entry(tmp_path, 1 << 23)  # plausible, and far more than a tiny model's memory plan would cut
-    ctx, auto = requested_ctx(entry, Settings(parallel=2))
+    ctx, auto = requested_ctx(entry, Settings.flat(parallel=2))
     assert auto and ctx == MAX_AUTO_SLOT_CTX * 2

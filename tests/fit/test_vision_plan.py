@@ -116,7 +116,7 @@ def test_the_planned_placement_and_the_launch_agree(
     """On a machine with a GPU: a CPU-only setting (gpu_layers 0) puts the projector in host memory and
     starts it with mmproj_use_gpu off; the automatic placement offloads, and both put it on GPU0."""
     entry, _ = vision_model
-    settings = Settings(model_overrides={entry.id: {"gpu_layers": gpu_layers, "ctx_size": 512}})
+    settings = Settings.flat(model_overrides={entry.id: {"gpu_layers": gpu_layers, "ctx_size": 512}})
     hw = machine(gpus=1)
     report = fit_for(entry, settings, hardware=hw)
     assert not isinstance(report, GGUFProblem) and report.chosen is not None
@@ -145,7 +145,7 @@ def test_plan_placements_cpu_placement_keeps_the_projector_on_the_host(
 # ---- explain and the fit bar ------------------------------------------------------------------------
 def test_explain_text_has_projector_columns(vision_model: tuple[ModelEntry, Path]) -> None:
     entry, _ = vision_model
-    settings = Settings(model_overrides={entry.id: {"ctx_size": 512}})
+    settings = Settings.flat(model_overrides={entry.id: {"ctx_size": 512}})
     doc = explain(entry, inputs=AdviceInputs(settings=settings, hardware=machine(gpus=0), pins={})).public()
     text = render(doc)
     head = next(line for line in text.splitlines() if line.strip().startswith("device"))
@@ -181,7 +181,7 @@ def test_override_naming_a_projector_and_none(vision_model: tuple[ModelEntry, Pa
     assert "vision" in show(entry, plain)["capabilities"]
     assert "vision" not in kind.capabilities(text_only, plain)
     # an override naming a projector gives a model with none paired its vision, everywhere
-    named = Settings(model_overrides={text_only.id: {"mmproj": "other-projector.gguf"}})
+    named = Settings.flat(model_overrides={text_only.id: {"mmproj": "other-projector.gguf"}})
     other = entry.path.parent / "other-projector.gguf"
     assert text_only.projector(named) == other
     assert "vision" in kind.capabilities(text_only, named)
@@ -191,7 +191,7 @@ def test_override_naming_a_projector_and_none(vision_model: tuple[ModelEntry, Pa
     assert found is not None and found[0] == other
     assert plan_params(text_only, named).mmproj_path == str(other)
     # "none" turns the paired projector off, everywhere
-    off = Settings(model_overrides={entry.id: {"mmproj": "none"}})
+    off = Settings.flat(model_overrides={entry.id: {"mmproj": "none"}})
     assert entry.projector(off) is None
     assert "vision" not in kind.capabilities(entry, off)
     assert "vision" not in show(entry, off)["capabilities"]

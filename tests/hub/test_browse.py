@@ -221,14 +221,14 @@ def test_hub_5xx_and_unreachable(fake_hub: FakeHub) -> None:
     reader = _hub().client().reader
     with pytest.raises(HubUnreachableError, match=r"answered 503 for m-Q4_0\.gguf in org/g"):
         reader.gguf_header("org/g", "main", "m-Q4_0.gguf")
-    dead = _hub(Settings(hf_endpoint="http://127.0.0.1:9")).client()  # nothing listens on port 9
+    dead = _hub(Settings.flat(hf_endpoint="http://127.0.0.1:9")).client()  # nothing listens on port 9
     with pytest.raises(HubUnreachableError, match=r"cannot reach the hub at http://127\.0\.0\.1:9"):
         dead.detail("org/x")  # (search retries a dead hub with backoff for ~20 s first; detail does not)
 
 
 def test_offline_fails_fast_without_requests(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_hub.add_repo("org/x", {"README.md": b"x"})
-    for hub in (_hub(Settings(offline=True)), None):
+    for hub in (_hub(Settings.flat(offline=True)), None):
         if hub is None:
             monkeypatch.setenv("HF_HUB_OFFLINE", "1")
             hub = _hub()
@@ -247,7 +247,7 @@ def test_offline_fails_fast_without_requests(fake_hub: FakeHub, monkeypatch: pyt
 def test_proxy_setting_is_what_the_client_uses(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("org/x", {"README.md": b"# via proxy\n"})
     # the endpoint's host does not resolve; only a client that goes through the proxy reaches it
-    settings = Settings(hf_endpoint="http://hub.invalid", hf_proxy=fake_hub.url)
+    settings = Settings.flat(hf_endpoint="http://hub.invalid", hf_proxy=fake_hub.url)
     client = _hub(settings).client()
     assert client.config.proxy == fake_hub.url
     assert [h.id for h in client.search(SearchQuery()).hits] == ["org/x"]
@@ -256,7 +256,7 @@ def test_proxy_setting_is_what_the_client_uses(fake_hub: FakeHub) -> None:
     assert ("hub.invalid", "/api/models/org/x") in fake_hub.api_calls
     # and without the proxy the same endpoint is unreachable
     with pytest.raises(HubUnreachableError):
-        _hub(Settings(hf_endpoint="http://hub.invalid")).client().detail("org/x")
+        _hub(Settings.flat(hf_endpoint="http://hub.invalid")).client().detail("org/x")
 
 
 # ---- token store ----------------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_no_keyring_session_only_unless_file(no_keyring: None) -> None:
     # another process (a new store) does not see it
     assert TokenStore(paths, Settings(), env={}).get() is None
     # opted in: the 0600 file
-    stored = TokenStore(paths, Settings(hf_token_file=True), env={}).set(Secret("hf_in_file"))
+    stored = TokenStore(paths, Settings.flat(hf_token_file=True), env={}).set(Secret("hf_in_file"))
     assert stored.where == "file" and stored.persistent
     f = paths.home / "hf_token"
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and f.read_text().strip() == "hf_in_file"

@@ -34,7 +34,7 @@ def test_parse_captured_log_latest_start_only() -> None:
 
 async def test_ready_lane_reports_measured_buffers(tmp_path: Path, model_store: Path) -> None:
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
-    rt = Runtime(settings=Settings(models_dirs=(models,), parallel=2), paths=Paths.from_env())
+    rt = Runtime(settings=Settings.flat(models_dirs=(models,), parallel=2), paths=Paths.from_env())
     async with rt:
         lane = await rt.supervisor.ensure("tiny")
         snap = lane.snapshot()

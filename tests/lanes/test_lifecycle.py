@@ -70,7 +70,7 @@ def models(tmp_path: Path, model_store: Path) -> Path:
 
 
 async def make_runtime(models: Path, **settings: object) -> Runtime:
-    s = Settings(models_dirs=(models,), **settings)  # type: ignore[arg-type]
+    s = Settings.flat(models_dirs=(models,), **settings)  # type: ignore[arg-type]
     return Runtime(settings=s, paths=Paths.from_env())
 
 

@@ -41,7 +41,7 @@ PICKY = (
 
 def _runtime(models: Path) -> Runtime:
     return Runtime(
-        settings=Settings(models_dirs=(models,), plan_memory=False, monitor_interval_s=0),
+        settings=Settings.flat(models_dirs=(models,), plan_memory=False, monitor_interval_s=0),
         paths=Paths.from_env(),
     )
 

@@ -64,7 +64,7 @@ async def test_a_start_asks_the_runtime_once_and_off_the_loop(
 ) -> None:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
     # residency "memory": the start predicts its footprint first (the memory plan), then builds the plan
-    settings = Settings(models_dirs=(models,), runtime="docker", residency="memory")
+    settings = Settings.flat(models_dirs=(models,), runtime="docker", residency="memory")
     async with Runtime(settings=settings, paths=Paths.from_env()) as rt:
         assert rt.supervisor.hardware is not None  # the prediction is made (it needs the hardware)
         start = asyncio.ensure_future(rt.supervisor.ensure("tiny"))

@@ -84,7 +84,7 @@ def test_inbox_commands_are_frozen() -> None:
 async def rt(tmp_path: Path, model_store: Path) -> AsyncIterator[Runtime]:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
     write_unknown_arch_gguf(models / "alien.gguf")
-    runtime = Runtime(settings=Settings(models_dirs=(models,)), paths=Paths.from_env())
+    runtime = Runtime(settings=Settings.flat(models_dirs=(models,)), paths=Paths.from_env())
     async with runtime:
         yield runtime
 

@@ -109,7 +109,7 @@ async def test_ready_line_is_enough_without_a_health_route(tmp_path: Path, model
     line = '{"switchyard": "listening", "port": %d, "ready": true}'
     binary = _fake_engine(tmp_path, _PORT + f"print({line!r} % port, flush=True)\ntime.sleep(60)\n")
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
-    settings = Settings(models_dirs=(models,), runtime="llama-server", llama_server_path=binary)
+    settings = Settings.flat(models_dirs=(models,), runtime="llama-server", llama_server_path=binary)
     async with Runtime(settings=settings, paths=Paths.from_env()) as rt:
         t0 = time.monotonic()
         lane = await rt.supervisor.ensure("tiny")
@@ -129,7 +129,7 @@ async def test_health_polling_stays_the_fallback(tmp_path: Path, model_store: Pa
         "HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
     )
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
-    settings = Settings(
+    settings = Settings.flat(
         models_dirs=(models,), runtime="llama-server", llama_server_path=_fake_engine(tmp_path, body)
     )
     async with Runtime(settings=settings, paths=Paths.from_env()) as rt:
@@ -142,7 +142,7 @@ async def test_health_polling_stays_the_fallback(tmp_path: Path, model_store: Pa
 
 async def test_worker_reports_ready_and_logs_less_while_serving(tmp_path: Path, model_store: Path) -> None:
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
-    async with Runtime(settings=Settings(models_dirs=(models,)), paths=Paths.from_env()) as rt:
+    async with Runtime(settings=Settings.flat(models_dirs=(models,)), paths=Paths.from_env()) as rt:
         lane = await rt.supervisor.ensure("tiny")
         assert lane.proc is not None and lane.proc.reported_ready.is_set()
         http = rt.supervisor.http

@@ -168,7 +168,7 @@ def test_library_page_shows_an_adapter_of_its_base(
     from app.ui.desktop import Desktop
     from app.ui.pages.library import COLUMNS
 
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=0)
 
     async def main() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

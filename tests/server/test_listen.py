@@ -51,7 +51,7 @@ def test_serve_restarts_at_once_on_the_same_port(start_server: Any, tmp_path: Pa
 async def test_window_stop_start_rebinds_the_same_port(tmp_path: Path) -> None:
     paths = Paths(home=tmp_path / "home")
     port = free_port()
-    settings = Settings(port=port, models_dirs=(tmp_path / "m",), monitor_interval_s=0)
+    settings = Settings.flat(port=port, models_dirs=(tmp_path / "m",), monitor_interval_s=0)
     ctl = ServerControl(Runtime(settings=settings, paths=paths), paths)
     await ctl.setup()
     try:

@@ -274,7 +274,7 @@ async def test_download_bytes_are_summed_from_progress_events(tmp_path: Path) ->
     from aiohttp.test_utils import TestClient, TestServer
 
     rt = Runtime(
-        settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
     )
     async with TestClient(TestServer(make_app(rt))) as client:
         publish = rt.bus.publish
@@ -311,7 +311,7 @@ async def test_event_stream_carries_request_and_download_events(tmp_path: Path) 
     from aiohttp.test_utils import TestClient, TestServer
 
     rt = Runtime(
-        settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
     )
     async with TestClient(TestServer(make_app(rt))) as client:
         events = await client.get("/api/events")

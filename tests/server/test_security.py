@@ -98,14 +98,19 @@ def test_security_settings_are_checked(raw: dict[str, Any]) -> None:
 
 def test_security_settings_defaults_and_values() -> None:
     s = settings_from_mapping({})
-    assert (s.require_api_key, s.allowed_hosts, s.cors_origins, s.allow_remote_admin) == (
+    assert (
+        s.security.require_api_key,
+        s.security.allowed_hosts,
+        s.security.cors_origins,
+        s.security.allow_remote_admin,
+    ) == (
         False,
         (),
         (),
         False,
     )
     s = settings_from_mapping({"cors_origins": [ORIGIN], "allowed_hosts": ["box.lan", "fe80::1"]})
-    assert s.cors_origins == (ORIGIN,) and s.allowed_hosts == ("box.lan", "fe80::1")
+    assert s.security.cors_origins == (ORIGIN,) and s.security.allowed_hosts == ("box.lan", "fe80::1")
 
 
 # ---- loopback: Host, Origin, CORS ------------------------------------------------------------------------

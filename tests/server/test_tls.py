@@ -265,7 +265,7 @@ def test_settings_pair_problems_are_settings_errors(tmp_path: Path, case: str, m
                 serialization.BestAvailableEncryption(b"pw"),
             )
         )
-    settings = Settings(tls_cert=str(cert), tls_key=None if case == "only_cert" else str(key))
+    settings = Settings.flat(tls_cert=str(cert), tls_key=None if case == "only_cert" else str(key))
     with pytest.raises(SettingsError) as exc:
         tls.material_for(settings, Paths(home=tmp_path / "home"), use_tls=True)
     assert message in exc.value.message
@@ -273,7 +273,7 @@ def test_settings_pair_problems_are_settings_errors(tmp_path: Path, case: str, m
 
 def test_a_good_settings_pair_is_served_as_given(tmp_path: Path) -> None:
     cert, key = make_pair(tmp_path)
-    settings = Settings(tls_cert=str(cert), tls_key=str(key))
+    settings = Settings.flat(tls_cert=str(cert), tls_key=str(key))
     assert tls.wanted(settings, asked=False)  # naming a certificate turns TLS on
     got = tls.material_for(settings, Paths(home=tmp_path / "home"), use_tls=True)
     assert got is not None and got.cert == cert and got.fingerprint == file_fingerprint(cert)
@@ -281,12 +281,12 @@ def test_a_good_settings_pair_is_served_as_given(tmp_path: Path) -> None:
 
 
 def test_plain_bind_rule() -> None:
-    lan = Settings(host="0.0.0.0")
+    lan = Settings.flat(host="0.0.0.0")
     with pytest.raises(SettingsError):
         tls.check_plain_bind(lan, use_tls=False)
     tls.check_plain_bind(lan, use_tls=True)
-    tls.check_plain_bind(Settings(host="0.0.0.0", allow_plain_lan=True), use_tls=False)
-    tls.check_plain_bind(Settings(host="127.0.0.1"), use_tls=False)
+    tls.check_plain_bind(Settings.flat(host="0.0.0.0", allow_plain_lan=True), use_tls=False)
+    tls.check_plain_bind(Settings.flat(host="127.0.0.1"), use_tls=False)
 
 
 def test_clients_trust_the_recorded_certificate_only_for_that_server(tmp_path: Path) -> None:

@@ -53,7 +53,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 async def client(tmp_path: Path, model_store: Path) -> AsyncIterator[TestClient[Any, Any]]:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
-    settings = Settings(models_dirs=(models,), plan_memory=False, monitor_interval_s=0, runtime="xllamacpp")
+    settings = Settings.flat(
+        models_dirs=(models,), plan_memory=False, monitor_interval_s=0, runtime="xllamacpp"
+    )
     rt = Runtime(settings=settings, paths=Paths(home=tmp_path / "home"))
     async with TestClient(TestServer(make_app(rt))) as c:
         yield c
@@ -124,7 +126,7 @@ async def test_traceparent_is_passed_to_a_remote_lane(spans: InMemorySpanExporte
     stand_in.router.add_get("/v1/models", models)
     stand_in.router.add_post("/v1/chat/completions", chat)
     rt = Runtime(
-        settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "home")
     )
     async with TestServer(stand_in) as far, TestClient(TestServer(make_app(rt))) as c:
         r = await c.post("/api/remotes", json={"name": "far", "url": str(far.make_url("/v1"))})
@@ -148,7 +150,7 @@ async def test_the_judge_is_a_span_with_its_verdict_and_never_the_text(
 ) -> None:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf", model_store / "tiny2.gguf")
     judge = {"model": "tiny2", "format": "qwen3guard", "timeout_s": 60, "grammar": UNSAFE}
-    settings = Settings(
+    settings = Settings.flat(
         models_dirs=(models,),
         plan_memory=False,
         monitor_interval_s=0,
@@ -189,11 +191,12 @@ async def test_the_judge_is_a_span_with_its_verdict_and_never_the_text(
 async def test_a_job_and_its_steps_are_spans(
     spans: InMemorySpanExporter, client: TestClient[Any, Any], tmp_path: Path
 ) -> None:
-    suite = tmp_path / "pinned.json"
     case = {"id": "sum", "prompt": "17+25?", "expect": {"number": 42}}
     case["params"] = {"grammar": 'root ::= "42"', "max_tokens": 4}
-    suite.write_text(json.dumps({"name": "pinned", "cases": [case, {**case, "id": "sum2"}]}))
-    r = await client.post("/api/jobs", json={"kind": "eval", "model": "tiny", "suite": str(suite)})
+    suite = json.dumps({"name": "pinned", "cases": [case, {**case, "id": "sum2"}]})
+    # a suite from outside the suites folder is sent as its text (the server reads files only from there)
+    body = {"kind": "eval", "model": "tiny", "suite": "pinned.json", "suite_text": suite}
+    r = await client.post("/api/jobs", json=body)
     assert r.status == 202, await r.text()
     job = (await r.json())["job"]
     for _ in range(600):
@@ -227,7 +230,7 @@ from app.runtime import Runtime
 from app.server.app import make_app
 
 async def main():
-    settings = Settings(plan_memory=False, monitor_interval_s=0)
+    settings = Settings.flat(plan_memory=False, monitor_interval_s=0)
     rt = Runtime(settings=settings, paths=Paths(home=Path(sys.argv[1])))
     async with TestClient(TestServer(make_app(rt))) as c:
         assert (await c.get("/health")).status == 200
@@ -286,8 +289,8 @@ async def test_spans_are_exported_over_otlp_http(tmp_path: Path) -> None:
 
 
 def test_the_endpoint_setting_is_checked() -> None:
-    assert Settings(tracing_otlp_endpoint="http://127.0.0.1:4318").tracing_otlp_endpoint
+    assert Settings.flat(tracing_otlp_endpoint="http://127.0.0.1:4318").server.tracing_otlp_endpoint
     with pytest.raises(SettingsError, match="tracing_otlp_endpoint must be an http"):
-        Settings(tracing_otlp_endpoint="127.0.0.1:4318")
+        Settings.flat(tracing_otlp_endpoint="127.0.0.1:4318")
     assert tracing.otlp_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert tracing.otlp_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"

@@ -25,7 +25,7 @@ def run_desk(
 ) -> None:
     from app.ui.desktop import Desktop
 
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0, monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0, monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=home), settings, qapp=qapp) as desk:

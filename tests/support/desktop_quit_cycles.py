@@ -32,7 +32,7 @@ async def cycle(app: Any, models: Path) -> dict[str, Any]:
     from app.ui.desktop import Desktop
     from app.ui.pages.registry import TITLES
 
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=1)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=1)
     async with Desktop(Paths.from_env(), settings, qapp=app) as desk:
         window = desk.window
         for name in TITLES:

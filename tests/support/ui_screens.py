@@ -32,7 +32,7 @@ async def _run(out: Path, models: Path, repo: str) -> dict[str, Any]:
 
     app = QApplication.instance()
     paths = Paths.from_env()
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
     result: dict[str, Any] = {}
 
     async def pause(s: float = 0.3) -> None:

@@ -54,7 +54,7 @@ def test_chat_sends_images_and_shows_them(
     write_tiny_gguf(models / "tiny.gguf")  # no projector beside it: text only
     photo = tmp_path / "photo.png"
     photo.write_bytes(png_bytes(48, 32, seed=3))
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(models,),
         idle_ttl_s=0,

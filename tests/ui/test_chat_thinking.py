@@ -35,7 +35,7 @@ def test_chat_thinking_toggle_and_folded_reasoning(
     models = tmp_path / "models"
     write_thinker(models / "thinker.gguf")
     write_tiny_gguf(models / "tiny.gguf")
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
     out = Path(os.environ.get("SWITCHYARD_SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
 

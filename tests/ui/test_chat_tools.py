@@ -65,7 +65,7 @@ def test_chat_tools_pick_answer_and_cards(
     marker = tmp_path / "ran"
     registry = McpRegistry.of(Paths(home=isolated_env))
     registry.add("wx", command=_server_argv("good", marker), timeout_s=10)
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
     out = Path(os.environ.get("SWITCHYARD_SCREENSHOT_DIR") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -118,7 +118,7 @@ def test_widgets_follow_a_theme_switch(
 ) -> None:
     from app.ui.desktop import Desktop
 
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:
@@ -189,7 +189,7 @@ def test_a_why_window_follows_a_theme_switch(
     from tests.support.tinymodels import CHAT, write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "models" / "tiny.gguf", CHAT)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

@@ -66,7 +66,7 @@ def test_discover_download_chat_keys_tray_quit(
         likes=5,
     )
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

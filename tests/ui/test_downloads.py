@@ -36,7 +36,9 @@ def test_pause_resume_cancel_and_failure(
     )
     fake_hub.faults.delay_per_chunk = 0.01  # about 6 MiB/s: slow enough to pause mid-file
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, download_parts=1)
+    settings = Settings.flat(
+        port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, download_parts=1
+    )
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

@@ -39,7 +39,9 @@ def test_engine_table_rollback_and_a_failed_update(
     paths = Paths(home=isolated_env)
     store = EngineStore(paths.engines)
     store.write("piper", EngineState(current=bare(store, "1.8.0"), previous=bare(store, "1.7.0")))
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, plan_memory=False)
+    settings = Settings.flat(
+        port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, plan_memory=False
+    )
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:
@@ -87,7 +89,9 @@ def test_lanes_page_lists_remote_endpoints_from_their_events(
     from app.ui.desktop import Desktop
 
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, plan_memory=False)
+    settings = Settings.flat(
+        port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, plan_memory=False
+    )
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

@@ -36,7 +36,9 @@ def test_running_jobs_are_listed_with_progress_and_cancel(
     fake_hub.add_repo(REPO, {"m-Q4_0.gguf": blob}, tags=["gguf"])
     fake_hub.faults.delay_per_chunk = 0.01  # slow enough to see progress and cancel mid-file
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, download_parts=1)
+    settings = Settings.flat(
+        port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, download_parts=1
+    )
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

@@ -31,7 +31,7 @@ def test_a_serving_lane_shows_as_generating_and_remotes_are_added_in_the_window(
 
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
     # no hardware samples: nothing but the page itself can notice a request starting
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

@@ -45,7 +45,7 @@ def test_library_page_vision_eval_context_names(
     rid = run.start(model="tiny", suite="arithmetic", source="builtin", threshold=0.5)
     run.add_case(rid, CaseResult(case_id="c1", score=1.0, weight=1.0, reason="", answer="4", seconds=0.1))
     run.finish(rid, score=0.9, passed=True)
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(models,),
         idle_ttl_s=0,

@@ -54,7 +54,7 @@ def test_pair_list_check_and_unpair_from_the_window(
     bee = start_server(link_models(tmp_path / "bee-models", model_store / "tiny.gguf"), "--tls")
     material = tls.self_signed(Paths(home=tmp_path / "certs"), host="127.0.0.1")
     (tmp_path / "empty").mkdir()
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(tmp_path / "empty",),
         tls_cert=str(material.cert),
@@ -93,7 +93,7 @@ def test_pair_list_check_and_unpair_from_the_window(
                 for theme in ("light", "dark"):
                     desk.theme.set(theme)
                     await asyncio.sleep(0.2)
-                    desk.window.grab().save(str(shots / f"machines-{width}-{theme}.png"))
+                    desk.window.grab().save(str(shots / f"machines-paired-{width}-{theme}.png"))
             desk.theme.set("light")
             page.table.selectRow(0)
             page.remove_btn.click()

@@ -32,7 +32,7 @@ def test_every_page_fits_1024_by_640(
     from app.ui.window import PAGES
 
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:
@@ -60,7 +60,7 @@ def test_a_repository_with_no_file_that_fits_suggests_a_smaller_model(
     big = write_tiny_gguf(tmp_path / "src" / "m-Q8_0.gguf", MEDIUM)
     fake_hub.add_repo(MIXED, {"m-Q8_0.gguf": big}, tags=["gguf"])
     paths = Paths(home=isolated_env)
-    settings = Settings(
+    settings = Settings.flat(
         port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, ctx_size=12 << 20, parallel=1
     )
 

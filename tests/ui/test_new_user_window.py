@@ -81,7 +81,7 @@ def test_discover_at_1024_by_640(
     from app.ui.desktop import Desktop
 
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:
@@ -167,7 +167,7 @@ def test_downloads_panel_and_a_model_that_does_not_fit(
     fake_hub.add_repo(MIXED, {"m-Q4_K_M.gguf": small, "m-Q8_0.gguf": big}, tags=["gguf"])
     paths = Paths(home=isolated_env)
     # a context so long that the larger file's KV cache (24 GiB) cannot fit, the smaller's (3 GiB) can
-    settings = Settings(
+    settings = Settings.flat(
         port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0, ctx_size=12 << 20, parallel=1
     )
 

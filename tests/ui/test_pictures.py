@@ -71,7 +71,9 @@ def test_pictures_on_the_real_desktop(
     from app.ui.explain_view import ExplainView, MemoryBar
 
     write_tiny_gguf(tmp_path / "models" / f"{MODEL}.gguf", CHAT)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0.25)
+    settings = Settings.flat(
+        port=0, models_dirs=(tmp_path / "models",), idle_ttl_s=0, monitor_interval_s=0.25
+    )
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

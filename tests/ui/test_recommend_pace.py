@@ -28,7 +28,7 @@ def test_a_slow_machine_is_told_nothing_is_fast(
     # memory this slow (measured, so nothing is measured here) makes every model that fits slow
     bw = Bandwidth(single_core=20 * 10**6, all_cores=40 * 10**6, threads=2, measured_at=time.time())
     write_cache(isolated_env / "hardware.json", bw, fingerprint=machine_fingerprint())
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

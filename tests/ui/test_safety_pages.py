@@ -26,7 +26,7 @@ def test_safety_section_writes_the_policy(
 
     paths = Paths(home=isolated_env)
     policy = {"enabled": True, "judges": [{"model": "guard-a", "format": "qwen3guard"}]}
-    settings = Settings(port=0, monitor_interval_s=0, policy=policy, start_server_with_app=False)
+    settings = Settings.flat(port=0, monitor_interval_s=0, policy=policy, start_server_with_app=False)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:
@@ -39,6 +39,6 @@ def test_safety_section_writes_the_policy(
             written = json.loads(paths.settings_file.read_text())["policy"]
             assert written["enabled"] is False and written["fail"] == "closed"
             assert written["judges"] == policy["judges"]
-            assert desk.runtime.settings.policy["enabled"] is False
+            assert desk.runtime.settings.safety.policy["enabled"] is False
 
     qloop.run_until_complete(scenario())

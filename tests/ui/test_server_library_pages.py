@@ -30,7 +30,7 @@ def test_server_port_copy_snippet_and_library_buttons(
 
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

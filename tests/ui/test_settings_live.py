@@ -36,7 +36,7 @@ def test_settings_and_tune_apply_live(
     fake_hub.add_repo("acme/first-GGUF", {"README.md": b"# one\n"}, tags=["gguf"])
     paths = Paths(home=isolated_env)
     models = link_models(tmp_path / "models", model_store / "tiny.gguf", model_store / "tiny2.gguf")
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=0, max_loaded_lanes=2)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=0, max_loaded_lanes=2)
 
     async def scenario() -> None:
         with FakeHub() as second:
@@ -55,7 +55,7 @@ def test_settings_and_tune_apply_live(
                     "hf_endpoint": second.url,
                     "idle_ttl_s": 120.0,
                 }
-                assert desk.runtime.settings.idle_ttl_s == 120.0
+                assert desk.runtime.settings.memory.idle_ttl_s == 120.0
                 assert sp.hub_in_use.text() == f"Hub in use: {second.url} (this setting)"
                 assert "In use now: Unload idle models after, Hugging Face mirror." in sp.saved.text()
                 page = await asyncio.to_thread(lambda: desk.hub.client().search(SearchQuery(text="GGUF")))

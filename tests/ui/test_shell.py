@@ -41,7 +41,7 @@ def test_busy_port_single_instance_state_and_tray(
     busy = holder.getsockname()[1]
 
     async def first() -> None:
-        settings = Settings(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+        settings = Settings.flat(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
         async with Desktop(paths, settings, qapp=qapp) as desk:
             assert not desk.server.running
             assert f"port {busy}" in (desk.server.error or "") and "in use" in (desk.server.error or "")
@@ -78,7 +78,7 @@ def test_busy_port_single_instance_state_and_tray(
 
     async def second() -> None:
         holder.close()
-        settings = Settings(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+        settings = Settings.flat(port=busy, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
         async with Desktop(paths, settings, qapp=qapp) as desk:
             assert desk.window.current_page() == "Lanes"  # remembered
             assert desk.server.running and desk.server.url == f"http://127.0.0.1:{busy}"

@@ -37,7 +37,7 @@ def test_the_first_run_offers_a_chat_with_the_starter_model(
     bw = Bandwidth(single_core=10 * 10**9, all_cores=20 * 10**9, threads=2, measured_at=time.time())
     write_cache(isolated_env / "hardware.json", bw, fingerprint=machine_fingerprint())
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

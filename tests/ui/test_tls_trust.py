@@ -33,7 +33,7 @@ def test_server_page_shows_the_fingerprint_of_the_tls_server(
     # a pair named in settings turns TLS on in the window too (no --tls flag there)
     pair = tls.self_signed(Paths(home=tmp_path / "elsewhere"), host="127.0.0.1")
     paths = Paths(home=isolated_env)
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(tmp_path / "models",),
         monitor_interval_s=0,

@@ -67,7 +67,7 @@ async def settled(tune: Any) -> None:
 def run(qloop: asyncio.AbstractEventLoop, qapp: Any, home: Path, models: Path, scenario: Any) -> None:
     from app.ui.desktop import Desktop
 
-    settings = Settings(port=0, models_dirs=(models,), monitor_interval_s=0, max_loaded_lanes=2)
+    settings = Settings.flat(port=0, models_dirs=(models,), monitor_interval_s=0, max_loaded_lanes=2)
 
     async def main() -> None:
         async with Desktop(Paths(home=home), settings, qapp=qapp) as desk:
@@ -118,7 +118,7 @@ def test_ngram_knobs_follow_the_type_and_only_changed_keys_are_saved(
         await tune.applying
         assert saved(paths) == {"mid": {"speculative": {"type": "ngram_simple", "size_n": 3, "min_hits": 2}}}
         assert "used from its next start" in tune.verdict.text()
-        assert desk.runtime.settings.model_overrides["mid"]["speculative"]["size_n"] == 3
+        assert desk.runtime.settings.models.model_overrides["mid"]["speculative"]["size_n"] == 3
         # shown again: the saved type and knobs come back, and nothing reads as changed
         await shown(tune, "tiny")
         assert tune.spec.currentData() == "off"

@@ -32,7 +32,9 @@ def test_the_bar_has_projector_parts(qapp: Any, tmp_path: Path) -> None:
     facts = read_gguf(model)
     assert isinstance(facts, GGUFFacts)
     inputs = AdviceInputs(
-        settings=Settings(model_overrides={"vl": {"ctx_size": 512}}), hardware=probe(engine=False), pins={}
+        settings=Settings.flat(model_overrides={"vl": {"ctx_size": 512}}),
+        hardware=probe(engine=False),
+        pins={},
     )
     doc = explain(ModelEntry("vl", model, facts, None, (model,), mmproj=proj), inputs=inputs).public()
     chosen = doc["fit"]["chosen"]

@@ -72,7 +72,7 @@ def test_hold_to_talk_and_read_aloud(
 
     models = tmp_path / "models"
     models.mkdir()
-    settings = Settings(port=0, models_dirs=(models,), idle_ttl_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
 
     async def scenario() -> None:
         async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:

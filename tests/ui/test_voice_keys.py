@@ -106,7 +106,7 @@ def test_chat_and_voice_with_a_required_key_over_tls(
     write_tiny_gguf(models / "tiny-chat-Q8_0.gguf", CHAT)
     paths = Paths(home=isolated_env)
     pair = tls.self_signed(paths, host="127.0.0.1")  # served because the settings name it
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(models,),
         idle_ttl_s=0,

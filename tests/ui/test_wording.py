@@ -101,7 +101,7 @@ def test_turning_safety_on_with_no_judge_fetches_one(
     gguf = write_tiny_gguf(tmp_path / "guard.gguf", CHAT)
     fake_hub.add_repo(judge.repo, {f"guard-{judge.quant}.gguf": gguf}, tags=["gguf"])
     paths = Paths(home=isolated_env)
-    settings = Settings(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(tmp_path / "models",), monitor_interval_s=0)
 
     async def scenario() -> None:
         async with Desktop(paths, settings, qapp=qapp) as desk:

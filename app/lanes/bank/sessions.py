@@ -73,7 +73,7 @@ def slots_dir(home: Path) -> Path:
 
 def bank_enabled(model_id: str, settings: Settings) -> bool:
     """`session_bank`, or the model's own `model_overrides[id].session_bank`."""
-    return bool(settings.override(model_id, "session_bank", settings.session_bank))
+    return bool(settings.override(model_id, "session_bank", settings.models.session_bank))
 
 
 def fingerprints(messages: Sequence[Any], *, seed: Any = None) -> tuple[str, ...]:

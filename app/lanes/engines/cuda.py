@@ -74,7 +74,7 @@ def cuda_refusal(hardware: Hardware | None) -> str | None:
 
 
 def max_model_len(model: SafetensorsModel, settings: Settings, model_id: str) -> int:
-    asked = int(settings.override(model_id, "ctx_size", settings.ctx_size))
+    asked = int(settings.override(model_id, "ctx_size", settings.models.ctx_size))
     if asked:
         return asked
     return min(model.config.max_position_embeddings or 8192, DEFAULT_MAX_LEN_CAP)
@@ -112,11 +112,13 @@ def cuda_plan(
         reserved_for="the GPU lanes already loaded",
         tensor_parallel=tp,
         # KV for `parallel` full-length requests, not the whole card: what leaves room for a second lane
-        concurrency=int(settings.override(model_id, "parallel", settings.parallel)),
+        concurrency=int(settings.override(model_id, "parallel", settings.models.parallel)),
         foreign_used=0,
         name=model_id,
     )
-    extra = tuple(shlex.split(settings.vllm_extra_args if engine == "vllm" else settings.sglang_extra_args))
+    extra = tuple(
+        shlex.split(settings.cuda.vllm_extra_args if engine == "vllm" else settings.cuda.sglang_extra_args)
+    )
     head: list[str]
     if engine == "vllm":
         head = [executable or "vllm", "serve", str(model.path), "--served-model-name", model_id]
@@ -219,7 +221,7 @@ class CudaKind(PythonEngineKind):
                 model_path=entry.path,
                 home=Paths.from_env().home,
                 ppid=ppid,
-                engine_env=settings.engine_env.get(self.lane),
+                engine_env=settings.engines.engine_env.get(self.lane),
             )
         # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
         engine = engine_python(self.lane, self.module, self.dist())

@@ -59,8 +59,8 @@ class EngineKind(Protocol):
 
     @property
     def setting_keys(self) -> tuple[str, ...]:
-        """The top-level Settings fields only this kind reads at a start: a change restarts its lanes
-        (app/core/settings_live.py `lane_inputs`)."""
+        """The settings keys only this kind reads at a start, all from its own area of Settings
+        (app/core/settings/kinds.py): a change restarts its lanes (core/settings_live.py `lane_inputs`)."""
         ...
 
     @property

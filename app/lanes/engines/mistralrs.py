@@ -162,7 +162,7 @@ class MistralRsKind(PythonEngineKind):
             alias=entry.id,
             source="gguf" if gguf else "plain",
             files=tuple(p.name for p in entry.parts or (entry.path,)) if gguf else (),
-            max_seqs=settings.override(entry.id, "parallel", settings.parallel),
+            max_seqs=settings.override(entry.id, "parallel", settings.models.parallel),
             mtp_model=str(assistant) if assistant else "",
             mtp_n_predict=(spec.n_max or 0) if assistant else 0,
         )

@@ -43,10 +43,10 @@ def apple_silicon() -> bool:
 def prompt_cache_args(settings: Settings) -> tuple[str, ...]:
     """mlx-lm's prompt cache, sized by the settings (nothing passed where they leave its default)."""
     args: tuple[str, ...] = ()
-    if settings.mlx_prompt_cache_size:
-        args += ("--prompt-cache-size", str(settings.mlx_prompt_cache_size))
-    if settings.mlx_prompt_cache_mib:
-        args += ("--prompt-cache-bytes", str(settings.mlx_prompt_cache_mib * 1024 * 1024))
+    if settings.mlx.mlx_prompt_cache_size:
+        args += ("--prompt-cache-size", str(settings.mlx.mlx_prompt_cache_size))
+    if settings.mlx.mlx_prompt_cache_mib:
+        args += ("--prompt-cache-bytes", str(settings.mlx.mlx_prompt_cache_mib * 1024 * 1024))
     return args
 
 
@@ -128,7 +128,7 @@ def mlx_plan(
     where that path is a link to the model: requests that name the model by its id (from every surface:
     OpenAI, Anthropic, Ollama) use the loaded model, and answers carry the id back."""
     folder = entry.path
-    extra = tuple(shlex.split(settings.mlx_extra_args))
+    extra = tuple(shlex.split(settings.mlx.mlx_extra_args))
     params = MLXParams(str(folder), entry.id, trained_context(folder), extra)
     root = (
         Path(tempfile.gettempdir()) / f"switchyard-mlx-{ppid}"
@@ -167,7 +167,7 @@ def mlx_plan(
         cwd=str(root),
         # mlx_lm.server would take any prompt: bounded by the trained window (else the configured default)
         prompt_bound=PromptBound(
-            tokens=params.trained_context or settings.ctx_size or DEFAULT_SLOT_CTX,
+            tokens=params.trained_context or settings.models.ctx_size or DEFAULT_SLOT_CTX,
             tokenizer=str(Path(folder) / "tokenizer.json"),
         ),
     )

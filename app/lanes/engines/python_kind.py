@@ -124,7 +124,7 @@ class PythonEngineKind:
         env = engine_process_env(settings_env(settings, kind=self.lane), engine, worker=True)
         env.update({"PYTHONUNBUFFERED": "1", **dict(self.env)})
         if self.threads_env:
-            env[self.threads_env] = str(settings.threads or usable_cores())
+            env[self.threads_env] = str(settings.models.threads or usable_cores())
         return LaunchPlan(
             runtime=self.runtime,
             argv=worker_argv(self.worker, params.to_json(), ppid=start.ppid, engine=engine),

@@ -114,8 +114,8 @@ def locate_sd_server(
 ) -> SDServer:
     """sd_server_path when set (that one alone: a path the user chose is not silently replaced), else the
     release and PATH in `sd_order`. Never downloads."""
-    if settings.sd_server_path:
-        return SDServer(find_binary(BINARY, settings.sd_server_path), "configured")
+    if settings.sdcpp.sd_server_path:
+        return SDServer(find_binary(BINARY, settings.sdcpp.sd_server_path), "configured")
     skipped: list[tuple[str, str]] = []
     for rt in sd_order(settings, env):
         if rt == "bin":
@@ -135,11 +135,11 @@ def sd_install(settings: Settings, hardware: Hardware | None = None) -> LaneInst
     found = locate_sd_server(settings, hardware)
     exe = found.binary
     if exe is None:
-        if settings.sd_server_path:
-            missing = f"no executable sd-server was found at {settings.sd_server_path}"
+        if settings.sdcpp.sd_server_path:
+            missing = f"no executable sd-server was found at {settings.sdcpp.sd_server_path}"
         else:
             missing = found.missing()
-        cli = find_binary(CLI_BINARY, None) if not settings.sd_server_path else None
+        cli = find_binary(CLI_BINARY, None) if not settings.sdcpp.sd_server_path else None
         if cli is not None:
             note = (
                 f"found sd (the command-line tool) at {cli}, but the lane needs sd-server, the HTTP server "
@@ -251,8 +251,8 @@ class SDCppKind:
             model_path=str(entry.path),
             model_flag=flag,
             companions=companions,
-            threads=settings.threads or usable_cores(),
-            extra_args=tuple(shlex.split(settings.sd_extra_args)),
+            threads=settings.models.threads or usable_cores(),
+            extra_args=tuple(shlex.split(settings.sdcpp.sd_extra_args)),
         )
         argv = sd_argv(exe, params, port=free_port, ppid=ppid)
         env = settings_env(settings, kind=self.lane)

@@ -21,7 +21,7 @@ INSTALL_HINT = "switchyard engine install whisper.cpp (or pip install pywhisperc
 @dataclass(frozen=True, kw_only=True)
 class WhisperKind(PythonEngineKind):
     def worker_params(self, entry: ModelEntry, settings: Settings) -> WhisperParams:
-        threads = settings.threads or usable_cores()
+        threads = settings.models.threads or usable_cores()
         return WhisperParams(model_path=str(entry.path), alias=entry.id, threads=threads)
 
 

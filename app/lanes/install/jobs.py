@@ -122,7 +122,7 @@ class EngineJobs:
                 bus=self.bus,
                 version=job.version,
                 build=job.build,
-                engine_python=self.settings.engine_python,
+                engine_python=self.settings.engines.engine_python,
                 job=job.id,
                 on_line=job.lines.append,
             )

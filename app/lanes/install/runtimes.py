@@ -89,7 +89,7 @@ def runtime_setting(settings: Settings, env: Mapping[str, str] | None = None) ->
     """The runtime asked for: SWITCHYARD_RUNTIME when set, else the setting."""
     value = (env if env is not None else os.environ).get(ENV_VAR, "").strip()
     if not value:
-        return settings.runtime
+        return settings.llamacpp.runtime
     if value not in RUNTIMES:
         raise SettingsError(f"{ENV_VAR}={value!r} is not a runtime; use one of {', '.join(RUNTIMES)}")
     return value
@@ -99,7 +99,9 @@ def runtime_order(settings: Settings, env: Mapping[str, str] | None = None) -> t
     """The runtimes to try, in order; `llama-server` is the older name of `path`."""
     wanted = runtime_setting(settings, env)
     if wanted == "auto":
-        return tuple(r.strip() for r in settings.runtime_order.split(",") if r.strip() in RUNTIME_ORDER)
+        return tuple(
+            r.strip() for r in settings.llamacpp.runtime_order.split(",") if r.strip() in RUNTIME_ORDER
+        )
     return ("path",) if wanted == "llama-server" else (wanted,)
 
 
@@ -108,11 +110,11 @@ def llama_release() -> ReleaseSpec:
 
 
 def fetcher_for(settings: Settings) -> ReleaseFetcher:
-    return ReleaseFetcher(Paths.from_env().home / "engines", offline=settings.offline)
+    return ReleaseFetcher(Paths.from_env().home / "engines", offline=settings.hub.offline)
 
 
 def _tag(settings: Settings) -> str | None:
-    return settings.llama_cpp_version or None
+    return settings.llamacpp.llama_cpp_version or None
 
 
 def machine_now(hardware: Hardware | None) -> Hardware:
@@ -218,7 +220,11 @@ def choose_runtime(
                 return RuntimeChoice(rt, backend.build, why_bin, tuple(steps), binary=str(hit.binary))
         elif rt == "path":
             binary = find_llama_server(settings)
-            where = f"at {settings.llama_server_path}" if settings.llama_server_path else "on PATH"
+            where = (
+                f"at {settings.llamacpp.llama_server_path}"
+                if settings.llamacpp.llama_server_path
+                else "on PATH"
+            )
             why = None if binary else f"no executable llama-server {where}"
             if binary is not None:
                 steps.append(Step(rt, None))
@@ -370,8 +376,8 @@ def sd_needed(settings: Settings) -> list[str]:
 
 
 def _pull_sd(settings: Settings, hardware: Hardware, fetcher: ReleaseFetcher) -> str:
-    if settings.sd_server_path:
-        return f"sd-server: sd_server_path is set ({settings.sd_server_path}): nothing to pull"
+    if settings.sdcpp.sd_server_path:
+        return f"sd-server: sd_server_path is set ({settings.sdcpp.sd_server_path}): nothing to pull"
     if "bin" not in sd_order(settings):
         return "sd-server: the runtime setting does not use a downloaded release: nothing to pull"
     models = sd_needed(settings)

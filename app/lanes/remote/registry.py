@@ -87,7 +87,7 @@ class RemoteRegistry(SessionOwner):
                 await asyncio.gather(*(self._check(r) for r in list(self.remotes.values())))
             except Exception as exc:  # a damaged remotes.json must not end the checks for good
                 self.bus.publish(EventKind.REMOTE_ERROR, error=str(exc))
-            await asyncio.sleep(self.settings.remote_check_s)
+            await asyncio.sleep(self.settings.engines.remote_check_s)
 
     async def _check(self, remote: Remote) -> None:
         if remote.name in self.attached:  # a peer: its own session (pinned TLS) and the key it was given

@@ -45,8 +45,8 @@ def app_stores(settings: Settings, *, env: Mapping[str, str] | None = None) -> t
     found on a rescan); then each of `shared_model_dirs`."""
     env = os.environ if env is None else env
     out: list[AppStore] = []
-    for app in settings.app_stores:
-        chosen = settings.app_store_paths.get(app)
+    for app in settings.library.app_stores:
+        chosen = settings.library.app_store_paths.get(app)
         if chosen is not None:
             out.append(AppStore(app, Path(chosen).expanduser()))
             continue
@@ -54,7 +54,7 @@ def app_stores(settings: Settings, *, env: Mapping[str, str] | None = None) -> t
         root = next((c for c in candidates if c.is_dir()), candidates[0] if candidates else None)
         if root is not None:
             out.append(AppStore(app, root))
-    out.extend(AppStore("folder", Path(d)) for d in settings.shared_model_dirs)
+    out.extend(AppStore("folder", Path(d)) for d in settings.library.shared_model_dirs)
     return tuple(out)
 
 

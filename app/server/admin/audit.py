@@ -33,7 +33,7 @@ async def audit(request: web.Request) -> web.Response:
         )
     since = _number(q["since"], "since", float) if "since" in q else None
     rows = await asyncio.to_thread(audit_log(request.app).recent, limit=limit, verdict=verdict, since=since)
-    policy = parse_policy(request.app[RUNTIME].settings.policy)
+    policy = parse_policy(request.app[RUNTIME].settings.safety.policy)
     judges = []
     for spec in policy.judges:  # a judge the server cannot run is shown as such, never as judging
         try:

@@ -24,10 +24,10 @@ async def list_bank(request: web.Request) -> web.Response:
     """The session bank: bytes used, the budget, and each checkpoint (model, tokens, messages, bytes, when
     last used); `counters` are this server's saves, restores, hits and misses since it started"""
     rt = request.app[RUNTIME]
-    budget = rt.settings.session_bank_budget_mib * MIB
+    budget = rt.settings.models.session_bank_budget_mib * MIB
     summary = await asyncio.to_thread(bank_summary, rt.paths.home, budget_bytes=budget)
     counters = request.app[GATEWAY].bank.counters
-    summary["enabled"] = rt.settings.session_bank
+    summary["enabled"] = rt.settings.models.session_bank
     summary["counters"] = {
         "saves": counters.saves,
         "restores": counters.restores,

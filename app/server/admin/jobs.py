@@ -91,13 +91,13 @@ def setup(app: web.Application) -> None:
             )
             sources = JobSources(rt, jobs)
             await stack.enter_async_context(sources.running())
-            notifier = await stack.enter_async_context(Notifier(config=lambda: rt.settings.notify))
+            notifier = await stack.enter_async_context(Notifier(config=lambda: rt.settings.jobs.notify))
             checker = UpdateChecker(
                 bus=rt.bus,
                 state_file=rt.paths.home / "updates.json",
                 config=rt.downloads.config,
                 pulled=lambda: pulled_models(rt),
-                interval_h=lambda: rt.settings.update_check_h,
+                interval_h=lambda: rt.settings.jobs.update_check_h,
             )
             await stack.enter_async_context(checker)
             await stack.enter_async_context(_feeding(rt, notifier))
@@ -209,7 +209,7 @@ async def _start_update(request: web.Request, body: dict[str, Any]) -> Job | Non
     model, repo = text_field(body, "model"), text_field(body, "repo")
     if model is not None:
         repo = await updatable(rt, model)
-        if body.get("suite") or rt.settings.gates.get(model):
+        if body.get("suite") or rt.settings.jobs.gates.get(model):
             return _gated(request, rt, model, repo, Gate.of(rt, model, body))
     if repo is None:
         raise BadRequestError(

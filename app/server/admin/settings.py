@@ -31,8 +31,8 @@ routes = web.RouteTableDef()
 def public_settings(settings: Settings) -> dict[str, Any]:
     """The settings as JSON, a proxy's password masked."""
     out = settings.public()
-    out["hf_proxy"] = masked_url(settings.hf_proxy)
-    out["notify"] = public_config(settings.notify)  # hook URLs (a chat service's token) and secrets
+    out["hf_proxy"] = masked_url(settings.hub.hf_proxy)
+    out["notify"] = public_config(settings.jobs.notify)  # hook URLs (a chat service's token) and secrets
     return out
 
 
@@ -104,12 +104,12 @@ async def load_with_body(rt: Runtime, model: str, body: dict[str, Any]) -> dict[
         raise BadRequestError(exc.message, param=next(iter(body), None)) from exc
     before = await rt.explain(model)
     after = await rt.explain(model, overrides=body)
-    if rt.settings.enforce_fit and after.fit is not None and not after.fit.fits:
+    if rt.settings.memory.enforce_fit and after.fit is not None and not after.fit.fits:
         raise ModelTooLargeError(
             f"model {model!r} does not fit with {body}: {after.fit.summary}; nothing was changed — "
             "ask for a smaller ctx_size, a smaller kv_type or fewer gpu_layers"
         )
-    previous = rt.settings.model_overrides.get(model)
+    previous = rt.settings.models.model_overrides.get(model)
     change = await rt.set_overrides(model, body)
     try:
         lane = await rt.supervisor.load(model)

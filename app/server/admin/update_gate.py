@@ -45,7 +45,7 @@ class Gate:
     @classmethod
     def of(cls, rt: Runtime, model_id: str, body: dict[str, Any]) -> Gate:
         """The gate a request names, else the model's standing gate (settings `gates`)."""
-        standing = rt.settings.gates.get(model_id, {})
+        standing = rt.settings.jobs.gates.get(model_id, {})
         suite = body.get("suite") or standing.get("suite")
         score = body.get("min_score", standing.get("min_score"))
         if not isinstance(suite, str) or not suite:
@@ -65,7 +65,7 @@ class Gate:
 def gated_models(rt: Runtime, repo: str) -> list[str]:
     """The models of `repo` with a standing gate: a plain update of that repository would bypass it."""
     return sorted(
-        m for m in rt.settings.gates if (e := rt.catalog.find(m)) and e.origin and e.origin.repo == repo
+        m for m in rt.settings.jobs.gates if (e := rt.catalog.find(m)) and e.origin and e.origin.repo == repo
     )
 
 

@@ -86,7 +86,7 @@ class Gateway:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        budget = rt.settings.session_bank_budget_mib * MIB
+        budget = rt.settings.models.session_bank_budget_mib * MIB
         self.bank = SessionBank(rt.paths.home, budget_bytes=budget, known_sha256=self._model_sha256)
         self.planned = PlannedSlots(rt)  # per-slot contexts for /v1/models and /api/show (kept plans)
         self.first_use = FirstUse(rt)  # engines installed when a request first needs them
@@ -110,7 +110,7 @@ class Gateway:
         and replaced whole when they change (Runtime.apply_settings), so the object is the version."""
         settings = self.rt.settings
         if self._policy is None or self._policy[0] is not settings:
-            self._policy = (settings, parse_policy(settings.policy))
+            self._policy = (settings, parse_policy(settings.safety.policy))
         return self._policy[1]
 
     def _model_sha256(self, model: str) -> str | None:
@@ -247,7 +247,7 @@ class Gateway:
             n_images = len(image_parts(body))
             per = image_token_counts(body, target) or tokens_per_image(target)
             images = check_image_tokens(n_images, per, slot=ctx[0], model=target.model_id, where=where)
-        if route in ("chat", "completions") and self.rt.settings.check_prompt_length:
+        if route in ("chat", "completions") and self.rt.settings.limits.check_prompt_length:
             await self._check_prompt(
                 target, body, route=route, body_bytes=body_bytes, param=param, images=images
             )

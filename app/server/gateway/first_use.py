@@ -45,7 +45,7 @@ class FirstUse:
     def missing(self, entry: ModelEntry) -> str | None:
         """The engine to install before `entry` can start, or None: it can start already, the setting is
         off, or something an install cannot give (a GPU, a format no engine reads) is missing too."""
-        if not self.rt.settings.auto_install_engines:
+        if not self.rt.settings.engines.auto_install_engines:
             return None
         sup = self.rt.supervisor
         try:

@@ -66,12 +66,12 @@ class ImagePolicy:
     @classmethod
     def of(cls, settings: Settings) -> ImagePolicy:
         return cls(
-            max_pixels=settings.max_image_megapixels * MEGA,
-            max_request_pixels=settings.max_request_megapixels * MEGA,
-            max_bytes=settings.max_image_mib * MIB,
-            fetch_urls=settings.fetch_image_urls,
-            allow_private=settings.fetch_image_private,
-            timeout_s=settings.fetch_image_timeout_s,
+            max_pixels=settings.images.max_image_megapixels * MEGA,
+            max_request_pixels=settings.images.max_request_megapixels * MEGA,
+            max_bytes=settings.images.max_image_mib * MIB,
+            fetch_urls=settings.images.fetch_image_urls,
+            allow_private=settings.images.fetch_image_private,
+            timeout_s=settings.images.fetch_image_timeout_s,
         )
 
 

@@ -78,7 +78,8 @@ async def realtime(request: web.Request) -> web.StreamResponse:
         await request.app[GATEWAY].resolve(model, "transcription")
     settings = request.app[RUNTIME].settings
     limits = SessionLimits(
-        max_session_s=settings.realtime_max_session_s, max_buffer_s=settings.realtime_max_buffer_s
+        max_session_s=settings.limits.realtime_max_session_s,
+        max_buffer_s=settings.limits.realtime_max_buffer_s,
     )
     await ws.prepare(request)
     session = RealtimeSession(

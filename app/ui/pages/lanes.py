@@ -203,11 +203,11 @@ class LanesPage(Page):
         from app.lanes.bank.sessions import MIB, bank_summary
 
         settings = self.desk.runtime.settings
-        if not settings.session_bank:
+        if not settings.models.session_bank:
             self.bank.setText("Session bank: off (Settings: session_bank).")
             return
         summary = bank_summary(
-            self.desk.runtime.paths.home, budget_bytes=settings.session_bank_budget_mib * MIB
+            self.desk.runtime.paths.home, budget_bytes=settings.models.session_bank_budget_mib * MIB
         )
         n = len(summary["checkpoints"])
         self.bank.setText(

@@ -55,7 +55,7 @@ class ServerPage(Page):
         self.port = QSpinBox()
         self.port.setRange(0, 65535)
         self.port.setSpecialValueText("any free port")
-        self.port.setValue(desk.runtime.settings.port)
+        self.port.setValue(desk.runtime.settings.server.port)
         self.port.setMinimumWidth(140)
         self.port_btn = QPushButton("Use this port")
         self.port_btn.clicked.connect(lambda: self.apply_port(self.port.value()))
@@ -65,7 +65,7 @@ class ServerPage(Page):
         self.copy_fp = QPushButton("Copy fingerprint")
         self.copy_fp.clicked.connect(self.copy_fingerprint)
         self.lan = QCheckBox("Allow access from the local network (needs an API key; served over HTTPS)")
-        self.lan.setChecked(not auth.is_loopback(_saved_host(desk) or desk.runtime.settings.host))
+        self.lan.setChecked(not auth.is_loopback(_saved_host(desk) or desk.runtime.settings.server.host))
         self.lan.clicked.connect(self.set_lan)
         # what the box means now: the address other computers use (the box applies at once: the server
         # listens again with the address and request guards of the new choice)
@@ -165,7 +165,7 @@ class ServerPage(Page):
         self.fingerprint.setToolTip(str(material.cert) if material else "")
         self.copy_fp.setEnabled(material is not None)
         # stopped: the port it will listen on (the one just chosen on this page, else the settings')
-        port = srv.port if srv.port is not None else self.desk.runtime.settings.port
+        port = srv.port if srv.port is not None else self.desk.runtime.settings.server.port
         url = base or (f"http://127.0.0.1:{port}/v1" if port else "")
         model = (chat_model_ids(self.desk.runtime.catalog) or ["MODEL"])[0]  # a snippet chats: a chat model
         if not url:  # any free port, not chosen yet: no made-up address in the snippets
@@ -238,7 +238,7 @@ class ServerPage(Page):
 
     def _lan_words(self) -> str:
         srv = self.desk.server
-        wanted = not auth.is_loopback(self.desk.runtime.settings.host)
+        wanted = not auth.is_loopback(self.desk.runtime.settings.server.host)
         if srv.running and srv.host is not None and auth.is_loopback(srv.host) == wanted:
             # changed elsewhere (settings.json, the admin API) while listening: the next Start applies it
             now = "only this computer" if wanted else "the local network"

@@ -202,11 +202,11 @@ class TunePanel(QGroupBox):
         widgets = (self.ctx, self.parallel, self.gpu_layers, self.kv, self.flash, self.spec)
         for w in widgets:
             w.blockSignals(True)
-        self.ctx.setValue(int(over.get("ctx_size", s.ctx_size)))
-        self.parallel.setValue(int(over.get("parallel", s.parallel)))
-        self.gpu_layers.setValue(int(over.get("gpu_layers", s.gpu_layers)))
-        self.kv.setCurrentText(str(over.get("kv_type", s.kv_type)))
-        self.flash.setCurrentText(str(over.get("flash_attn", s.flash_attn)))
+        self.ctx.setValue(int(over.get("ctx_size", s.models.ctx_size)))
+        self.parallel.setValue(int(over.get("parallel", s.models.parallel)))
+        self.gpu_layers.setValue(int(over.get("gpu_layers", s.models.gpu_layers)))
+        self.kv.setCurrentText(str(over.get("kv_type", s.models.kv_type)))
+        self.flash.setCurrentText(str(over.get("flash_attn", s.models.flash_attn)))
         self._show_speculation(spec if isinstance(spec, dict) else {})
         try:
             saved = adapters_of(lora)
@@ -413,6 +413,6 @@ def _largest(fit: dict[str, Any]) -> str:
 
 def _overrides(desk: Desk) -> dict[str, dict[str, Any]]:
     try:
-        return dict(load_settings(desk.paths.settings_file).model_overrides)
+        return dict(load_settings(desk.paths.settings_file).models.model_overrides)
     except SettingsError:
-        return dict(desk.runtime.settings.model_overrides)
+        return dict(desk.runtime.settings.models.model_overrides)

@@ -412,8 +412,8 @@ def test_a_container_runtime_says_why_it_does_not_bank(
     from app.library.catalog import Catalog
 
     models = link_models(tmp_path / "models", model_store / "tiny.gguf")
-    settings = Settings(models_dirs=(models,))
-    assert settings.session_bank  # on by default: only the container turns it off
+    settings = Settings.flat(models_dirs=(models,))
+    assert settings.models.session_bank  # on by default: only the container turns it off
     entry = Catalog([models]).get("tiny")
     choice = RuntimeChoice(
         "docker", "cpu", "chosen for the test", (), image="ghcr.io/ggml-org/llama.cpp:server"

@@ -236,7 +236,7 @@ def test_mistralrs_pairs_a_folder_assistant_for_a_folder_model(tmp_path: Path) -
 
     def settings(draft: str) -> Settings:
         spec = {"type": "draft", "draft": draft, "n_max": 3}
-        return Settings(model_overrides={base.id: {"speculative": spec}})
+        return Settings.flat(model_overrides={base.id: {"speculative": spec}})
 
     paired = with_assistant(base, settings(assistant.id), library)
     assert paired.draft == assistant.path and paired.path == base.path

@@ -69,7 +69,7 @@ def flag(argv: tuple[str, ...], name: str) -> str:
 
 
 def test_vllm_command_line_pins_the_plan(model: SafetensorsModel) -> None:
-    s = Settings(vllm_extra_args="--enforce-eager --seed 3")
+    s = Settings.flat(vllm_extra_args="--enforce-eager --seed 3")
     plan = cuda_plan(
         model, engine="vllm", model_id="org/small-llama", settings=s, hardware=hw(gpu(0)), port=8123, ppid=1
     )
@@ -90,7 +90,7 @@ def test_vllm_command_line_pins_the_plan(model: SafetensorsModel) -> None:
 
 
 def test_sglang_command_line_and_context_setting(model: SafetensorsModel) -> None:
-    s = Settings(ctx_size=4096, sglang_extra_args="--disable-radix-cache")
+    s = Settings.flat(ctx_size=4096, sglang_extra_args="--disable-radix-cache")
     plan = cuda_plan(model, engine="sglang", model_id="m", settings=s, hardware=hw(gpu(0)), port=9000, ppid=7)
     argv = plan.argv
     assert argv[5:8] == (sys.executable, "-m", "sglang.launch_server")
@@ -257,7 +257,7 @@ def test_mlx_command_line_is_runtime_managed(tmp_path: Path) -> None:
     folder = tmp_path / "mlx-llama"
     write_hf_dir(folder, DIMS.config(), llama_tensors(DIMS))
     entry = ModelEntry("mlx-llama", folder, None, None, format="mlx", kind_name="chat")
-    plan = mlx_plan(entry, Settings(mlx_extra_args="--max-tokens 64"), ppid=1, free_port=5000)
+    plan = mlx_plan(entry, Settings.flat(mlx_extra_args="--max-tokens 64"), ppid=1, free_port=5000)
     assert plan.argv[:5] == (sys.executable, "-m", "app.lanes.guard", "1", "--")
     assert plan.argv[5:8] == (sys.executable, "-m", "mlx_lm.server")
     assert flag(plan.argv, "--model") == "mlx-llama" and flag(plan.argv, "--port") == "5000"

@@ -271,7 +271,7 @@ def test_kind_builds_the_worker_and_refuses_what_it_cannot_load(tmp_path: Path, 
         pytest.skip("mistralrs is not installed")
     folder = write_hf_llama(tmp_path / "org" / "m")
     entry = ModelEntry("org/m", folder, None, None, format="safetensors", kind_name="chat")
-    settings = Settings(threads=3, parallel=2)
+    settings = Settings.flat(threads=3, parallel=2)
     plan = kind.build(entry, settings, StartContext(ppid=1, port=0, hardware=None))
     assert plan.engine == "mistral.rs" and plan.port is None and plan.health_path == "/health"
     assert plan.memory == "runtime-managed" and plan.predicted() is None  # no made-up KV estimate

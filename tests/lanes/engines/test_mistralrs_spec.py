@@ -195,7 +195,7 @@ def test_the_assistant_passes_the_tokenizer_check_llamacpp_drafts_pass(
 
     def paired(draft: str) -> ModelEntry:
         spec = {"type": "draft", "draft": draft, "n_max": 4}
-        return with_assistant(tiny, Settings(model_overrides={"tiny": {"speculative": spec}}), library)
+        return with_assistant(tiny, Settings.flat(model_overrides={"tiny": {"speculative": spec}}), library)
 
     with pytest.raises(EngineUnavailableError, match="token list differs"):
         paired("alien")
@@ -206,10 +206,10 @@ def test_the_assistant_passes_the_tokenizer_check_llamacpp_drafts_pass(
         paired(ASSISTANT)
     same = paired("tiny2")
     assert same.draft == tiny2.path  # the same tokenizer: paired
-    settings = Settings(model_overrides={"tiny": {"speculative": {"type": "draft", "draft": "tiny2"}}})
+    settings = Settings.flat(model_overrides={"tiny": {"speculative": {"type": "draft", "draft": "tiny2"}}})
     with pytest.raises(EngineUnavailableError, match=r"from a model folder .* the file tiny2\.gguf"):
         MISTRALRS.build(same, settings, StartContext(ppid=1, port=0, hardware=None))
-    ngram = Settings(model_overrides={"tiny": {"speculative": {"type": "ngram"}}})
+    ngram = Settings.flat(model_overrides={"tiny": {"speculative": {"type": "ngram"}}})
     with pytest.raises(EngineUnavailableError, match=r"mistral\.rs has no n-gram speculation"):
         with_assistant(tiny, ngram, library)  # refused before any pairing, with what the lane can do
 
@@ -239,7 +239,7 @@ def test_the_plan_carries_the_assistant_where_paging_runs(folders: tuple[Path, P
     target, assistant = folders
     entry = ModelEntry("org/t", target, None, None, format="safetensors", kind_name="chat", draft=assistant)
     spec = {"type": "draft", "draft": ASSISTANT, "n_max": 4}
-    settings = Settings(model_overrides={"org/t": {"speculative": spec}})
+    settings = Settings.flat(model_overrides={"org/t": {"speculative": spec}})
     for name in ("nvidia", "apple"):
         plan = MISTRALRS.build(entry, settings, StartContext(ppid=1, port=0, hardware=HW[name]))
         assert isinstance(plan.params, LaneParams)
@@ -248,7 +248,7 @@ def test_the_plan_carries_the_assistant_where_paging_runs(folders: tuple[Path, P
     for name in ("amd", "cpu"):  # no CUDA, no Metal: refused before the weights load
         with pytest.raises(EngineUnavailableError, match="only under PagedAttention"):
             MISTRALRS.build(entry, settings, StartContext(ppid=1, port=0, hardware=HW[name]))
-    own = Settings(model_overrides={"org/t": {"speculative": {"type": "draft", "draft": ASSISTANT}}})
+    own = Settings.flat(model_overrides={"org/t": {"speculative": {"type": "draft", "draft": ASSISTANT}}})
     plan = MISTRALRS.build(entry, own, StartContext(ppid=1, port=0, hardware=HW["nvidia"]))
     assert isinstance(plan.params, LaneParams) and plan.params.mtp_n_predict == 0  # the assistant's own
     unpaired = ModelEntry("org/t", target, None, None, format="safetensors", kind_name="chat")

@@ -87,7 +87,7 @@ def test_the_worker_plan_carries_the_kinds_environment_and_threads(tmp_path: Pat
         pytest.skip("piper-tts is not installed")
     kind = dataclasses.replace(PIPER, env=(("SWITCHYARD_TEST_FLAG", "on"),), threads_env="SOME_THREADS")
     entry = ModelEntry("voice", tmp_path / "voice.onnx", None, None, format="piper")
-    plan = kind.build(entry, Settings(threads=3), StartContext(ppid=os.getpid(), port=0, hardware=None))
+    plan = kind.build(entry, Settings.flat(threads=3), StartContext(ppid=os.getpid(), port=0, hardware=None))
     assert plan.port is None and plan.engine == "piper" and plan.memory == "fixed"
     assert plan.env["SWITCHYARD_TEST_FLAG"] == "on" and plan.env["SOME_THREADS"] == "3"
     assert plan.env["PYTHONUNBUFFERED"] == "1" and "app.lanes.workers.piper" in plan.argv

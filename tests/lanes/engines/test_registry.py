@@ -95,7 +95,7 @@ def test_the_registry_holds_every_lane_once_in_routing_order() -> None:
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.lane)
 def test_a_kind_declares_what_it_is(kind: object) -> None:
-    fields = {f.name for f in dataclasses.fields(Settings)}
+    fields = {f.name for f in Settings.fields()}
     k = kind_of(kind.lane)  # type: ignore[attr-defined]
     assert k is kind and k is not None
     assert k.formats and k.formats <= LANE_FORMATS | {m.value for m in ModelKind}

@@ -64,13 +64,14 @@ def test_sd_server_on_path_is_found_with_its_version(tmp_path: Path, monkeypatch
 def test_configured_path_wins_and_must_be_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     exe = fake_binary(tmp_path / "opt", version="version 1.2.3")
-    assert sd_install(Settings(sd_server_path=str(exe))).version == f"version 1.2.3 at {exe}"
+    assert sd_install(Settings.flat(sd_server_path=str(exe))).version == f"version 1.2.3 at {exe}"
     exe.chmod(0o644)
-    got = sd_install(Settings(sd_server_path=str(exe)))
+    got = sd_install(Settings.flat(sd_server_path=str(exe)))
     assert not got.installed and f"no executable sd-server was found at {exe}" in got.note
     silent = fake_binary(tmp_path / "old", version="usage: sd-server [options]")  # no --version in old builds
     assert (
-        sd_install(Settings(sd_server_path=str(silent))).version == f"sd-server (version unknown) at {silent}"
+        sd_install(Settings.flat(sd_server_path=str(silent))).version
+        == f"sd-server (version unknown) at {silent}"
     )
 
 
@@ -93,7 +94,9 @@ def test_diffusers_folder_command_line(tmp_path: Path) -> None:
     exe = fake_binary(tmp_path / "bin")
     pipe = tmp_path / "sd15"
     write_diffusers(pipe)
-    settings = Settings(sd_server_path=str(exe), threads=3, sd_extra_args="--offload-to-cpu --diffusion-fa")
+    settings = Settings.flat(
+        sd_server_path=str(exe), threads=3, sd_extra_args="--offload-to-cpu --diffusion-fa"
+    )
     plan = SDCppKind().build(
         entry_for(pipe, "diffusers"), settings, StartContext(ppid=42, port=5123, hardware=None)
     )
@@ -108,7 +111,7 @@ def test_diffusers_folder_command_line(tmp_path: Path) -> None:
 def test_lone_diffusion_gguf_needs_its_vae_beside_it(tmp_path: Path) -> None:
     exe = fake_binary(tmp_path / "bin")
     model = write_diffusion_gguf(tmp_path / "flux" / "flux1-schnell-Q4_0.gguf", arch="flux").paths[0]
-    settings = Settings(sd_server_path=str(exe))
+    settings = Settings.flat(sd_server_path=str(exe))
     with pytest.raises(ModelBrokenError, match="without its VAE and text encoders"):
         SDCppKind().build(
             entry_for(model, "gguf-diffusion"), settings, StartContext(ppid=1, port=1, hardware=None)
@@ -138,7 +141,7 @@ def test_full_checkpoint_gguf_is_loaded_whole(tmp_path: Path) -> None:
     assert (fmt.format, fmt.kind, fmt.ok) == ("gguf-diffusion", "image", True)
     exe = fake_binary(tmp_path / "bin")
     plan = SDCppKind().build(
-        fmt, Settings(sd_server_path=str(exe)), StartContext(ppid=1, port=7, hardware=None)
+        fmt, Settings.flat(sd_server_path=str(exe)), StartContext(ppid=1, port=7, hardware=None)
     )
     assert flag(plan.argv, "--model") == str(path) and "--vae" not in plan.argv
 
@@ -156,7 +159,7 @@ def test_catalog_lists_diffusion_models_for_sd_cpp_not_llama_cpp(tmp_path: Path)
     kinds = engine_kinds()
     exe = fake_binary(tmp_path / "bin")
     chosen = choose_kind(
-        entries["pipe"], Settings(sd_server_path=str(exe)), kinds=kinds, hardware=None, pinned=None
+        entries["pipe"], Settings.flat(sd_server_path=str(exe)), kinds=kinds, hardware=None, pinned=None
     )
     assert chosen.lane == "sd.cpp" and chosen.capabilities(entries["pipe"]) == {"images"}
 
@@ -312,6 +315,6 @@ def test_explain_routes_a_pipeline_to_sd_cpp_once_installed(
         missing["decision"]["lane"] is None and sd["kind"] == "not_installed" and "sd-server" in sd["message"]
     )
     exe = fake_binary(tmp_path / "bin")
-    installed = AdviceInputs(Settings(sd_server_path=str(exe)), hw, pins={})
+    installed = AdviceInputs(Settings.flat(sd_server_path=str(exe)), hw, pins={})
     doc = explain(entry_for_path(pipe), inputs=installed).public()
     assert doc["decision"]["lane"] == "sd.cpp" and doc["format"] == "diffusers"

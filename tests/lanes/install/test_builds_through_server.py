@@ -92,7 +92,7 @@ async def _error(resp: Any, status: int = 400) -> dict[str, Any]:
 async def test_job_install_and_update_routes_take_a_build(store: EngineStore) -> None:
     chosen, _why = engine_install.chosen_build(MISTRAL, None)  # what this machine's probe calls for
     other = "cuda12" if chosen == "cpu" else "cpu"  # a build that is not the chosen one
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths.from_env())
+    rt = Runtime(settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths.from_env())
     async with TestClient(TestServer(make_app(rt))) as client:
         # POST /api/jobs: a build the engine has no package for, or not a string, starts nothing
         body = {"kind": "engine_install", "engine": LANE, "build": "rocm"}
@@ -213,7 +213,7 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_a_lane_run_from_an_image_is_a_container_row(docker: None) -> None:
-    settings = Settings(runtime="docker", plan_memory=False, monitor_interval_s=0)
+    settings = Settings.flat(runtime="docker", plan_memory=False, monitor_interval_s=0)
     rows = {r["engine"]: r for r in engine_rows(settings, H200)}
     for lane in ("vllm", "sglang"):
         row, image = rows[lane], load_images()[lane]

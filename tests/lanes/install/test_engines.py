@@ -351,7 +351,7 @@ async def test_admin_api_lists_pins_refuses_and_streams_a_failed_install(store: 
 
     store.write("piper", EngineState(current=bare_venv(store, "piper", "1.8.0")))
     before = store.state_file("piper").read_bytes()
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths.from_env())
+    rt = Runtime(settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths.from_env())
     async with TestClient(TestServer(make_app(rt))) as client:
         r = await client.get("/api/engines")
         body = await r.json()

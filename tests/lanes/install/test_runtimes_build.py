@@ -88,7 +88,7 @@ def _no_tools(name: str) -> str | None:
 
 
 def test_auto_skips_each_step_with_its_reason(tmp_path: Path) -> None:
-    s = Settings(runtime="auto")
+    s = Settings.flat(runtime="auto")
     choice = choose_runtime(s, H200, env={}, which=_no_tools, fetcher=ReleaseFetcher(tmp_path))
     assert choice.runtime == "xllamacpp" and choice.build == "cpu"
     assert "cuda13" in choice.why  # the wheel is CPU-only, and it says what this machine could run
@@ -101,21 +101,21 @@ def test_auto_skips_each_step_with_its_reason(tmp_path: Path) -> None:
 
 def test_bin_not_downloaded_names_pull_only(tmp_path: Path) -> None:
     choice = choose_runtime(
-        Settings(runtime="bin"), XEON, env={}, which=_no_tools, fetcher=ReleaseFetcher(tmp_path)
+        Settings.flat(runtime="bin"), XEON, env={}, which=_no_tools, fetcher=ReleaseFetcher(tmp_path)
     )
     assert choice.runtime is None
     assert "serve --pull-only" in choice.refusal() and "linux-x86_64-cpu" in choice.refusal()
 
 
 def test_env_overrides_the_setting_and_order_is_configurable(tmp_path: Path) -> None:
-    s = Settings(runtime="auto", runtime_order="xllamacpp,path")
+    s = Settings.flat(runtime="auto", runtime_order="xllamacpp,path")
     assert runtime_order(s, {}) == ("xllamacpp", "path")
     assert runtime_order(s, {"SWITCHYARD_RUNTIME": "podman"}) == ("podman",)
-    assert runtime_order(Settings(runtime="llama-server"), {}) == ("path",)
+    assert runtime_order(Settings.flat(runtime="llama-server"), {}) == ("path",)
     with pytest.raises(SettingsError, match="SWITCHYARD_RUNTIME"):
         runtime_order(s, {"SWITCHYARD_RUNTIME": "qemu"})
     with pytest.raises(SettingsError, match="runtime_order"):
-        Settings(runtime_order="docker,kubernetes")
+        Settings.flat(runtime_order="docker,kubernetes")
 
 
 def test_docker_on_a_cpu_machine_is_skipped_in_auto_only(tmp_path: Path) -> None:
@@ -129,15 +129,15 @@ def test_docker_on_a_cpu_machine_is_skipped_in_auto_only(tmp_path: Path) -> None
     f = ReleaseFetcher(tmp_path / "engines")
     auto = choose_runtime(Settings(), XEON, env={}, which=which, fetcher=f)
     assert auto.steps[0].skipped is not None and "CPU build" in auto.steps[0].skipped
-    forced = choose_runtime(Settings(runtime="docker"), XEON, env={}, which=which, fetcher=f)
+    forced = choose_runtime(Settings.flat(runtime="docker"), XEON, env={}, which=which, fetcher=f)
     assert forced.runtime == "docker" and forced.image == "ghcr.io/ggml-org/llama.cpp:server-b7400"
     # a CUDA machine whose docker has no NVIDIA runtime: skipped, saying which toolkit is missing
     if not Path("/etc/cdi/nvidia.yaml").exists():
-        cuda = choose_runtime(Settings(runtime="docker"), H200, env={}, which=which, fetcher=f)
+        cuda = choose_runtime(Settings.flat(runtime="docker"), H200, env={}, which=which, fetcher=f)
         assert cuda.runtime is None and "nvidia-container-toolkit" in cuda.refusal()
 
 
 def test_doctor_rows_follow_the_order() -> None:
-    rows = doctor_rows(Settings(runtime_order="path,xllamacpp,docker"), None)
+    rows = doctor_rows(Settings.flat(runtime_order="path,xllamacpp,docker"), None)
     assert [r["runtime"] for r in rows] == ["path", "xllamacpp", "docker"]
     assert rows[0]["state"] == "skipped" and rows[1]["state"] == "chosen" and rows[2]["state"] == "not tried"

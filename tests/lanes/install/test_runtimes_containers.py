@@ -126,7 +126,7 @@ async def docker_rt(shim: Path, model_store: Path, tmp_path: Path) -> AsyncItera
     os.environ["HF_TOKEN"] = "hf_secret_never_forwarded"  # the server has one; the container must not
     try:
         rt = Runtime(
-            settings=Settings(
+            settings=Settings.flat(
                 models_dirs=(models,), runtime="docker", engine_env_pass=("SHIM_LOG", "SHIM_IMAGE")
             ),
             paths=Paths.from_env(),
@@ -184,7 +184,7 @@ async def test_a_gguf_in_the_hf_cache_is_mounted_with_its_blobs(
     # a snapshot's GGUF is a link into the repository's blobs/, here from a subfolder as split quants are
     link = _hf_cached(tmp_path / "hf" / "hub", "org/tiny-GGUF", model_store / "tiny.gguf", "Q8_0/tiny.gguf")
     rt = Runtime(
-        settings=Settings(runtime="docker", engine_env_pass=("SHIM_LOG", "SHIM_IMAGE")),
+        settings=Settings.flat(runtime="docker", engine_env_pass=("SHIM_LOG", "SHIM_IMAGE")),
         paths=Paths.from_env(),
     )
     async with rt:

@@ -105,14 +105,14 @@ def test_pull_only_fetches_the_manifest_pin_then_bin_is_chosen(
     name = pin.assets[KEY].name
     host.publish(REPO, pin.tag, name, zip_asset())
     monkeypatch.setenv("SWITCHYARD_RELEASES_API", host.url)
-    settings = Settings(runtime="bin")
+    settings = Settings.flat(runtime="bin")
     assert choose_runtime(settings, XEON).runtime is None  # not downloaded yet: a start would refuse
     lines = pull_only(settings, XEON)
     assert pin.tag in lines[0] and KEY in lines[0]
     choice = choose_runtime(settings, XEON)
     assert choice.runtime == "bin" and choice.build == "cpu" and choice.binary is not None
     assert Path(choice.binary).is_file()
-    assert "nothing to pull" in pull_only(Settings(runtime="xllamacpp"), XEON)[0]
+    assert "nothing to pull" in pull_only(Settings.flat(runtime="xllamacpp"), XEON)[0]
 
 
 def test_a_failed_update_leaves_the_release_in_use(host: ReleaseHost, tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ def test_pull_only_downloads_verifies_and_unpacks_sd_server_then_the_lane_runs_i
 ) -> None:
     digest = host.publish(SPEC.repo, SPEC.tag, SPEC.assets[KEY].name, sd_zip_asset())
     host.publish(LLAMA.repo, LLAMA.tag, LLAMA.assets[KEY].name, zip_asset())
-    settings = Settings(models_dirs=(image_models,), runtime="bin")
+    settings = Settings.flat(models_dirs=(image_models,), runtime="bin")
     before = sd_install(settings, XEON)
     assert not before.installed and "is not downloaded: run `switchyard serve --pull-only`" in before.note
     lines = pull_only(settings, XEON)
@@ -96,13 +96,13 @@ def test_pull_only_downloads_verifies_and_unpacks_sd_server_then_the_lane_runs_i
     assert plan.env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(binary.parent)  # its libraries
     # a second pull, even offline, uses what is there: no request at all
     asked = len(sd_hits(host))
-    again = pull_only(Settings(models_dirs=(image_models,), runtime="bin", offline=True), XEON)
+    again = pull_only(Settings.flat(models_dirs=(image_models,), runtime="bin", offline=True), XEON)
     assert str(binary) in again[1] and len(sd_hits(host)) == asked
 
 
 def test_a_tampered_asset_is_refused_and_removed(host: ReleaseHost, image_models: Path) -> None:
     host.publish(SPEC.repo, SPEC.tag, SPEC.assets[KEY].name, sd_zip_asset(), digest="sha256:" + "0" * 64)
-    settings = Settings(models_dirs=(image_models,), runtime="xllamacpp")  # no llama.cpp release to pull
+    settings = Settings.flat(models_dirs=(image_models,), runtime="xllamacpp")  # no llama.cpp release to pull
     with pytest.raises(EngineInstallError, match="refused and removed"):
         pull_only(settings, XEON)
     assert sd_hits(host)[-1].endswith(SPEC.assets[KEY].name)  # it was downloaded, then thrown away
@@ -112,7 +112,7 @@ def test_a_tampered_asset_is_refused_and_removed(host: ReleaseHost, image_models
 
 
 def test_offline_says_what_to_do(host: ReleaseHost, image_models: Path) -> None:
-    settings = Settings(models_dirs=(image_models,), runtime="xllamacpp", offline=True)
+    settings = Settings.flat(models_dirs=(image_models,), runtime="xllamacpp", offline=True)
     with pytest.raises(
         EngineUnavailableError, match=r"offline; go online once and run `switchyard serve --pull-only`"
     ):
@@ -129,11 +129,11 @@ def test_offline_says_what_to_do(host: ReleaseHost, image_models: Path) -> None:
 def test_nothing_is_pulled_when_no_model_needs_it(host: ReleaseHost, tmp_path: Path) -> None:
     empty = tmp_path / "chat-only"
     empty.mkdir()
-    lines = pull_only(Settings(models_dirs=(empty,), runtime="xllamacpp"), XEON)
+    lines = pull_only(Settings.flat(models_dirs=(empty,), runtime="xllamacpp"), XEON)
     assert lines[1] == "sd-server: no model in the library runs on stable-diffusion.cpp: nothing to pull"
     models = tmp_path / "models"
     write_diffusers(models / "sd15")
-    chosen = Settings(models_dirs=(models,), runtime="xllamacpp", sd_server_path="/opt/sd/sd-server")
+    chosen = Settings.flat(models_dirs=(models,), runtime="xllamacpp", sd_server_path="/opt/sd/sd-server")
     assert "sd_server_path is set" in pull_only(chosen, XEON)[1]
     assert sd_hits(host) == []
 
@@ -148,7 +148,7 @@ def test_the_order_configured_then_bin_and_path_as_the_setting_says(
     monkeypatch.setenv("PATH", str(on_path.parent))
 
     def found(**kw: object) -> tuple[str | None, str | None]:
-        got = locate_sd_server(Settings(**kw), XEON)  # type: ignore[arg-type]
+        got = locate_sd_server(Settings.flat(**kw), XEON)  # type: ignore[arg-type]
         return got.binary, got.runtime
 
     assert found() == (str(release), "bin")  # auto: the release before PATH
@@ -159,7 +159,7 @@ def test_the_order_configured_then_bin_and_path_as_the_setting_says(
     assert found(sd_server_path=str(mine)) == (str(mine), "configured")  # chosen by the user: it wins
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert found(runtime="path") == (None, None)
-    note = sd_install(Settings(runtime="path"), XEON).note
+    note = sd_install(Settings.flat(runtime="path"), XEON).note
     assert note.startswith("no executable sd-server was found on PATH: run `switchyard serve --pull-only`")
     # a CUDA machine on Linux: upstream ships no such sd-server, so the CPU build of the same system
     key, why = sd_key(H200)

@@ -120,7 +120,7 @@ def test_the_package_first_then_a_container_in_auto(shim: Path, monkeypatch: pyt
     assert "vLLM is not installed as a package, so the upstream image vllm/vllm-openai runs" in got.note
     assert VLLM.start_refusal(Settings(), A100_OLD) is None
     # a runtime that is llama.cpp's alone, or an order without containers: the package only
-    for settings in (Settings(runtime="bin"), Settings(runtime_order="bin,path,xllamacpp")):
+    for settings in (Settings.flat(runtime="bin"), Settings.flat(runtime_order="bin,path,xllamacpp")):
         only = SGLANG.install(settings)
         assert not only.installed and "sglang is not installed" in only.note and "docker" not in only.note
     monkeypatch.setenv("SHIM_INFO", "runc")  # a daemon without the NVIDIA runtime (and no CDI spec here)
@@ -129,13 +129,13 @@ def test_the_package_first_then_a_container_in_auto(shim: Path, monkeypatch: pyt
         assert not none.installed and "vllm is not installed" in none.note
         assert "docker: no GPU runtime" in none.note and "nvidia-container-toolkit" in none.note
     monkeypatch.setenv("PATH", str(shim.parent / "empty"))
-    named = VLLM.install(Settings(runtime="podman"))
+    named = VLLM.install(Settings.flat(runtime="podman"))
     assert not named.installed
     assert named.note == "no vLLM runtime can start here (podman: podman is not on PATH)"
 
 
 def test_vllm_run_argv_is_exact(shim: Path, model_dir: Path) -> None:
-    settings = Settings(
+    settings = Settings.flat(
         runtime="docker", engine_env={"vllm": {"VLLM_LOGGING_LEVEL": "DEBUG", "MY_TOKEN": "x"}}
     )
     plan = VLLM.build(_entry(model_dir), settings, StartContext(ppid=77, port=41000, hardware=A100_OLD))
@@ -175,7 +175,7 @@ def test_sglang_in_its_image_per_build_and_cli(shim: Path, model_dir: Path) -> N
         (A100_OLD, "cu129", "docker", ("--gpus", "all")),
         (H200, "cu130", "podman", ("--device", "nvidia.com/gpu=all")),  # podman: NVIDIA's CDI device
     ):
-        settings = Settings(runtime=cli)
+        settings = Settings.flat(runtime=cli)
         plan = SGLANG.build(_entry(model_dir), settings, StartContext(ppid=5, port=42000, hardware=hw))
         run = plan.argv[plan.argv.index("run") - 1 :]
         assert run[0] == cli and plan.runtime == cli
@@ -211,7 +211,7 @@ def test_a_hugging_face_snapshot_mounts_its_repository(tmp_path: Path) -> None:
 @pytest.fixture
 async def vllm_rt(shim: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Runtime]:
     monkeypatch.setenv("SHIM_PS", f"switchyard-gone-old 999999999\nswitchyard-live-x {os.getpid()}")
-    settings = Settings(
+    settings = Settings.flat(
         models_dirs=(model_dir.parent,),
         runtime="docker",
         engine_env_pass=("SHIM_LOG", "SHIM_IMAGE", "SHIM_PS"),

@@ -52,7 +52,7 @@ async def test_the_windows_server_pairs_and_routes_a_peers_model(
     material = tls.self_signed(Paths(home=tmp_path / "certs"), host="127.0.0.1")
     paths = Paths(home=tmp_path / "window home")
     (tmp_path / "empty").mkdir()
-    settings = Settings(
+    settings = Settings.flat(
         port=0,
         models_dirs=(tmp_path / "empty",),
         tls_cert=str(material.cert),

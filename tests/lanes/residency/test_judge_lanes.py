@@ -23,7 +23,7 @@ async def rt(tmp_path: Path, model_store: Path) -> AsyncIterator[Runtime]:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf", model_store / "tiny2.gguf")
     write_tiny_gguf(models / f"{OTHER}.gguf", TinySpec(seed=11))
     policy = {"enabled": True, "judges": [{"model": JUDGE, "format": "qwen3guard"}]}
-    s = Settings(models_dirs=(models,), max_loaded_lanes=1, policy=policy)
+    s = Settings.flat(models_dirs=(models,), max_loaded_lanes=1, policy=policy)
     async with Runtime(settings=s, paths=Paths.from_env()) as runtime:
         yield runtime
 
@@ -45,7 +45,7 @@ async def test_without_a_policy_the_same_model_is_one_more_text_lane(
     tmp_path: Path, model_store: Path
 ) -> None:
     models = link_models(tmp_path / "models", model_store / "tiny.gguf", model_store / "tiny2.gguf")
-    s = Settings(models_dirs=(models,), max_loaded_lanes=1)
+    s = Settings.flat(models_dirs=(models,), max_loaded_lanes=1)
     async with Runtime(settings=s, paths=Paths.from_env()) as rt:
         await rt.supervisor.load(TEXT)
         await rt.supervisor.load(JUDGE)

@@ -4,7 +4,6 @@ footprints fit a RAM budget, the least recently used idle one stopped when a new
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,7 +34,9 @@ def three_models(tmp_path_factory: pytest.TempPathFactory, model_store: Path) ->
 
 @pytest.fixture
 async def rt(three_models: Path) -> AsyncIterator[Runtime]:
-    s = Settings(models_dirs=(three_models,), residency="memory", max_loaded_lanes=3, memory_reserve_mib=0)
+    s = Settings.flat(
+        models_dirs=(three_models,), residency="memory", max_loaded_lanes=3, memory_reserve_mib=0
+    )
     async with Runtime(settings=s, paths=Paths.from_env()) as runtime:
         yield runtime
 
@@ -54,7 +55,7 @@ def ready(rt: Runtime) -> set[str]:
 
 
 def budget(rt: Runtime, mib: int, **more: object) -> None:
-    rt.supervisor.settings = dataclasses.replace(rt.supervisor.settings, ram_budget_mib=mib, **more)  # type: ignore[arg-type]
+    rt.supervisor.settings = rt.supervisor.settings.replace(ram_budget_mib=mib, **more)  # type: ignore[arg-type]
 
 
 async def test_memory_residency_keeps_two_and_evicts_the_least_recently_used(rt: Runtime) -> None:
@@ -110,8 +111,8 @@ def test_room_policy_prefers_idle_and_least_recently_used() -> None:
 
 def test_residency_settings_are_checked() -> None:
     s = settings_from_mapping({"residency": "memory", "ram_budget_mib": 2048, "memory_reserve_mib": 0})
-    assert (s.residency, s.ram_budget_mib, s.memory_reserve_mib) == ("memory", 2048, 0)
-    assert Settings().residency == "single" and Settings().ram_budget_mib is None
+    assert (s.memory.residency, s.memory.ram_budget_mib, s.memory.memory_reserve_mib) == ("memory", 2048, 0)
+    assert Settings().memory.residency == "single" and Settings().memory.ram_budget_mib is None
     for bad in ({"residency": "shared"}, {"ram_budget_mib": "2G"}, {"memory_reserve_mib": -1}):
         with pytest.raises(SettingsError):
             settings_from_mapping(bad)

@@ -41,7 +41,7 @@ def mlx_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def rt(mlx_models: Path) -> AsyncIterator[Runtime]:
-    s = Settings(
+    s = Settings.flat(
         models_dirs=(mlx_models,),
         residency="memory",
         max_loaded_lanes=2,

@@ -37,7 +37,7 @@ def side_models(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
 
 @pytest.fixture
 async def rt(side_models: Path) -> AsyncIterator[Runtime]:
-    s = Settings(models_dirs=(side_models,), memory_reserve_mib=0)  # residency "single", one text lane
+    s = Settings.flat(models_dirs=(side_models,), memory_reserve_mib=0)  # residency "single", one text lane
     async with Runtime(settings=s, paths=Paths.from_env()) as runtime:
         yield runtime
 
@@ -51,7 +51,7 @@ def _line(rt: Runtime, model: str, needle: str) -> str:
 
 async def test_speech_side_lanes_load_beside_the_text_lane_or_make_room(rt: Runtime) -> None:
     sup = rt.supervisor
-    assert rt.settings.residency == "single"
+    assert rt.settings.memory.residency == "single"
     await sup.load(TEXT)
     await sup.load(WHISPER)
     await sup.load(VOICE)

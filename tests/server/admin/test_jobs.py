@@ -56,7 +56,7 @@ async def test_jobs_updates_and_the_repository_guard(
 ) -> None:
     fake_hub.add_repo(REPO, {"j-Q8_0.gguf": (model_store / "tiny.gguf").read_bytes()})
     home = tmp_path / "home"
-    settings = Settings(plan_memory=False, monitor_interval_s=0, models_dirs=(tmp_path / "none",))
+    settings = Settings.flat(plan_memory=False, monitor_interval_s=0, models_dirs=(tmp_path / "none",))
     rt = Runtime(settings=settings, paths=Paths(home=home))
     async with TestClient(TestServer(make_app(rt))) as client:
         assert (await (await client.get("/api/jobs")).json()) == {"jobs": []}

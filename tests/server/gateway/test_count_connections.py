@@ -36,7 +36,9 @@ async def test_counts_reuse_one_connection_and_close_it_when_idle(tmp_path: Path
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
     paths = Paths.from_env()
     paths.ensure()
-    async with Runtime(settings=Settings(models_dirs=(models,), monitor_interval_s=0), paths=paths) as rt:
+    async with Runtime(
+        settings=Settings.flat(models_dirs=(models,), monitor_interval_s=0), paths=paths
+    ) as rt:
         gw = Gateway(rt)
         try:
             route = await gw.resolve("tiny", "chat")

@@ -6,7 +6,6 @@ delta it is, without a new object per event."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +24,9 @@ async def test_asking_whether_a_model_needs_a_start_builds_no_lane(tmp_path: Pat
     models = link_models(tmp_path / "m", model_store / "tiny.gguf")
     paths = Paths.from_env()
     paths.ensure()
-    async with Runtime(settings=Settings(models_dirs=(models,), monitor_interval_s=0), paths=paths) as rt:
+    async with Runtime(
+        settings=Settings.flat(models_dirs=(models,), monitor_interval_s=0), paths=paths
+    ) as rt:
         gw = Gateway(rt)
         route = await gw.resolve("tiny", "chat")
         assert gw.needs_start(route) is True
@@ -37,12 +38,12 @@ async def test_asking_whether_a_model_needs_a_start_builds_no_lane(tmp_path: Pat
 
 def test_the_policy_is_parsed_once_per_settings_and_again_when_they_change(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "home")
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=paths)
+    rt = Runtime(settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=paths)
     gw = Gateway(rt)
     off = gw.policy()
     assert off.enabled is False
     assert gw.policy() is off  # the same object: nothing parsed for the second request
-    rt.settings = dataclasses.replace(rt.settings, policy=JUDGED)  # what apply_settings does: a new object
+    rt.settings = rt.settings.replace(policy=JUDGED)  # what apply_settings does: a new object
     on = gw.policy()
     assert on.enabled is True and [j.model for j in on.judges] == ["guard"]
     assert gw.policy() is on

@@ -75,7 +75,7 @@ def _body(*urls: str) -> dict[str, Any]:
 
 
 def _policy(**changes: Any) -> ImagePolicy:
-    return ImagePolicy.of(Settings(**changes))
+    return ImagePolicy.of(Settings.flat(**changes))
 
 
 # --- decompression bombs: refused from what the headers declare --------------------------------------
@@ -250,7 +250,7 @@ async def main():
         "two-hops": via(via(f"http://127.0.0.1:{p}/secret")),
         "metadata": via("http://169.254.169.254/latest/meta-data/"),
     }
-    policy = ImagePolicy.of(Settings(fetch_image_urls=True, fetch_image_timeout_s=3))
+    policy = ImagePolicy.of(Settings.flat(fetch_image_urls=True, fetch_image_timeout_s=3))
     out = {}
     for name, url in targets.items():
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}

@@ -84,7 +84,7 @@ def _body(*urls: str) -> dict[str, Any]:
 
 
 def _policy(**changes: Any) -> ImagePolicy:
-    return ImagePolicy.of(Settings(**changes))
+    return ImagePolicy.of(Settings.flat(**changes))
 
 
 def test_url_fetching_is_off_by_default() -> None:

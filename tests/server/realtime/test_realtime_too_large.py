@@ -28,7 +28,9 @@ from websockets.exceptions import ConnectionClosed
 async def test_an_oversized_event_is_answered_with_an_error_event_then_1009(
     tmp_path: Path, size: int
 ) -> None:
-    rt = Runtime(settings=Settings(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h"))
+    rt = Runtime(
+        settings=Settings.flat(plan_memory=False, monitor_interval_s=0), paths=Paths(home=tmp_path / "h")
+    )
     async with TestServer(make_app(rt)) as server:
         url = f"ws://{server.host}:{server.port}/v1/realtime?intent=transcription"
         async with connect(url, max_size=1 << 20, open_timeout=30) as ws:

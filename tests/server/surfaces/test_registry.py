@@ -101,7 +101,7 @@ def test_two_surfaces_cannot_define_the_same_schema() -> None:
 def _front_door(home: Path, *surfaces: Surface, **settings: Any) -> web.Application:
     """The real key and CORS middlewares and error shapes in front of `surfaces`' real routes."""
     app = web.Application(middlewares=[middleware.errors, auth.cors_preflight, auth.require_key])
-    auth.setup(app, Settings(**settings), Paths(home=home), surfaces=surfaces)
+    auth.setup(app, Settings.flat(**settings), Paths(home=home), surfaces=surfaces)
     for surface in surfaces:
         surface.install(app)
     return app

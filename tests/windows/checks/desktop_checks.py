@@ -71,7 +71,7 @@ def every_page_renders(tmp: Path) -> object:
     models = tmp / "models with spaces"
     models.mkdir()
     home = tmp / "home with spaces"
-    settings = Settings(port=0, models_dirs=(models,), start_server_with_app=False, monitor_interval_s=0)
+    settings = Settings.flat(port=0, models_dirs=(models,), start_server_with_app=False, monitor_interval_s=0)
     drawn: dict[str, int] = {}
 
     async def walk() -> None:

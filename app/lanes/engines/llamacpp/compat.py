@@ -257,7 +257,7 @@ class LlamaCompatKind(LlamaCppKind):
         if build.kind == "python":
             venv = Path(build.path).parent.parent
             engine = EnginePython(build.path, build.version, "managed", venv)
-            own = dataclasses.replace(settings, runtime="xllamacpp")
+            own = settings.replace(runtime="xllamacpp")
             plan = build_plan(entry, own, start, engine=engine)
             return dataclasses.replace(plan, engine=self.lane, notes=(*plan.notes, note))
         plan = binary_plan(entry, settings, build.path, start)

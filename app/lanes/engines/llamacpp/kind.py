@@ -51,8 +51,8 @@ def requested_ctx(entry: ModelEntry, settings: Settings) -> tuple[int, bool]:
     cuts that to the most whose KV cache fits beside the weights, in whole pages per slot, so each of the
     `parallel` slots holds exactly total // parallel tokens, which the gateway's preflight counts against."""
     assert entry.facts is not None
-    parallel = int(settings.override(entry.id, "parallel", settings.parallel))
-    ctx = int(settings.override(entry.id, "ctx_size", settings.ctx_size))
+    parallel = int(settings.override(entry.id, "parallel", settings.models.parallel))
+    ctx = int(settings.override(entry.id, "ctx_size", settings.models.ctx_size))
     if ctx:
         return ctx, False
     trained = entry.facts.context_length
@@ -71,7 +71,7 @@ def unplanned_ctx(entry: ModelEntry, settings: Settings) -> int:
     ctx, auto = requested_ctx(entry, settings)
     if not auto:
         return ctx
-    parallel = int(settings.override(entry.id, "parallel", settings.parallel))
+    parallel = int(settings.override(entry.id, "parallel", settings.models.parallel))
     return min(ctx // parallel, DEFAULT_SLOT_CTX) * parallel
 
 
@@ -86,10 +86,10 @@ def fit_params(entry: ModelEntry, settings: Settings) -> FitParams:
         projector_bytes=pm.weights if pm else 0,
         projector_compute_bytes=pm.compute if pm else 0,
         ctx_size=requested_ctx(entry, settings)[0],
-        parallel=int(settings.override(mid, "parallel", settings.parallel)),
-        kv_type=str(settings.override(mid, "kv_type", settings.kv_type)),
-        flash_attn=str(settings.override(mid, "flash_attn", settings.flash_attn)) != "off",
-        prompt_cache_bytes=settings.prompt_cache_mib * MIB,
+        parallel=int(settings.override(mid, "parallel", settings.models.parallel)),
+        kv_type=str(settings.override(mid, "kv_type", settings.models.kv_type)),
+        flash_attn=str(settings.override(mid, "flash_attn", settings.models.flash_attn)) != "off",
+        prompt_cache_bytes=settings.models.prompt_cache_mib * MIB,
     )
     if (batch := pooled_batch(entry, ctx_size=params.ctx_size, parallel=params.parallel)) > 0:
         params = dataclasses.replace(params, n_ubatch=batch)  # its compute buffer grows with the batch
@@ -116,7 +116,7 @@ def fit_for(
     layout = read_gguf_layout(list(entry.parts) or [entry.path])
     if isinstance(layout, GGUFProblem):
         return layout
-    explicit_layers = int(settings.override(entry.id, "gpu_layers", settings.gpu_layers))
+    explicit_layers = int(settings.override(entry.id, "gpu_layers", settings.models.gpu_layers))
     try:
         params, auto = fit_params(entry, settings), requested_ctx(entry, settings)[1]
     except ModelBrokenError as exc:  # a header value no machine can plan for: the fit says why
@@ -135,13 +135,13 @@ def plan_params(entry: ModelEntry, settings: Settings, *, fit: FitReport | None 
     assert entry.facts is not None
     facts = entry.facts
     mid = entry.id
-    parallel = int(settings.override(mid, "parallel", settings.parallel))
+    parallel = int(settings.override(mid, "parallel", settings.models.parallel))
     ctx = unplanned_ctx(entry, settings)
-    gpu_layers = int(settings.override(mid, "gpu_layers", settings.gpu_layers))
+    gpu_layers = int(settings.override(mid, "gpu_layers", settings.models.gpu_layers))
     if fit is not None and fit.chosen is not None:  # the plan is what runs
         ctx = fit.chosen.params.ctx_size
         gpu_layers = fit.chosen.gpu_layers
-    threads = settings.threads or usable_cores()
+    threads = settings.models.threads or usable_cores()
     vision = None if facts.is_embedding else vision_projector(entry, settings)
     return LlamaParams(
         model_path=str(entry.path),
@@ -149,12 +149,12 @@ def plan_params(entry: ModelEntry, settings: Settings, *, fit: FitReport | None 
         ctx_size=ctx,
         parallel=parallel,
         threads=threads,
-        kv_type=str(settings.override(mid, "kv_type", settings.kv_type)),
-        flash_attn=str(settings.override(mid, "flash_attn", settings.flash_attn)),
+        kv_type=str(settings.override(mid, "kv_type", settings.models.kv_type)),
+        flash_attn=str(settings.override(mid, "flash_attn", settings.models.flash_attn)),
         gpu_layers=gpu_layers,
         embedding=facts.is_embedding,
         pooling=facts.pooling_type if facts.is_embedding else None,
-        cache_ram_mib=settings.prompt_cache_mib,
+        cache_ram_mib=settings.models.prompt_cache_mib,
         slot_save_path=_slot_save_path(entry, settings),
         mmproj_path=str(vision[0]) if vision else "",
         mmproj_use_gpu=gpu_layers != 0,  # the projector goes where the layers go (the same plan)
@@ -173,8 +173,8 @@ def _slot_save_path(entry: ModelEntry, settings: Settings) -> str:
 
 
 def find_llama_server(settings: Settings) -> str | None:
-    if settings.llama_server_path:
-        p = Path(settings.llama_server_path).expanduser()
+    if settings.llamacpp.llama_server_path:
+        p = Path(settings.llamacpp.llama_server_path).expanduser()
         return str(p) if p.is_file() and os.access(p, os.X_OK) else None
     return shutil.which("llama-server")
 
@@ -190,19 +190,21 @@ def xllamacpp_available() -> bool:
 
 def choose_runtime(settings: Settings) -> str:
     """The runtime a llama.cpp lane will use, or EngineUnavailableError saying what to install."""
-    if settings.runtime in ("auto", "xllamacpp") and xllamacpp_available():
+    if settings.llamacpp.runtime in ("auto", "xllamacpp") and xllamacpp_available():
         return "xllamacpp"
-    if settings.runtime in ("auto", "llama-server") and find_llama_server(settings):
+    if settings.llamacpp.runtime in ("auto", "llama-server") and find_llama_server(settings):
         return "llama-server"
-    if settings.runtime == "xllamacpp":
+    if settings.llamacpp.runtime == "xllamacpp":
         raise EngineUnavailableError(
             "runtime 'xllamacpp' is selected but it is not installed: pip install xllamacpp"
         )
-    if settings.runtime == "llama-server" or settings.llama_server_path:
-        where = f"at {settings.llama_server_path}" if settings.llama_server_path else "on PATH"
+    if settings.llamacpp.runtime == "llama-server" or settings.llamacpp.llama_server_path:
+        where = (
+            f"at {settings.llamacpp.llama_server_path}" if settings.llamacpp.llama_server_path else "on PATH"
+        )
         lead = (
             "runtime 'llama-server' is selected but"
-            if settings.runtime == "llama-server"
+            if settings.llamacpp.runtime == "llama-server"
             else ("xllamacpp is not installed and")
         )
         raise EngineUnavailableError(
@@ -280,7 +282,7 @@ def build_plan(
         report = fit_for(entry, settings, hardware=start.hardware, used=start.used)
         if isinstance(report, FitReport):
             fit = report
-            if not report.fits and settings.enforce_fit:
+            if not report.fits and settings.memory.enforce_fit:
                 advice = "; ".join(report.advice) or "free memory by unloading other models"
                 raise ModelTooLargeError(
                     f"model {entry.id!r} {report.summary}; to make it fit: {advice} "
@@ -307,7 +309,7 @@ def build_plan(
 def binary_plan(entry: ModelEntry, settings: Settings, binary: str, start: StartContext) -> LaunchPlan:
     """llama-server at `binary` (a release asset, PATH, or a capability build), its shared libraries
     beside it."""
-    pinned = dataclasses.replace(settings, runtime="llama-server", llama_server_path=binary)
+    pinned = settings.replace(runtime="llama-server", llama_server_path=binary)
     plan = build_plan(entry, pinned, start)
     env = dict(plan.env)
     libdir = str(Path(binary).parent)

@@ -115,7 +115,7 @@ def _container_plan(
         home=home,
         lane=entry.id,
         mounts=mounts,
-        env_names=containers.forwarded_env(base.env, extra=settings.engine_env.get("llama.cpp")),
+        env_names=containers.forwarded_env(base.env, extra=settings.engines.engine_env.get("llama.cpp")),
         args=_engine_args(inside),
         owner_pid=ppid,
     )
@@ -137,7 +137,7 @@ def plan_for(choice: RuntimeChoice, entry: ModelEntry, settings: Settings, at: S
     if choice.runtime is None:
         raise EngineUnavailableError(choice.refusal())
     if choice.runtime == "xllamacpp":
-        plan = build_plan(entry, dataclasses.replace(settings, runtime="xllamacpp"), at)
+        plan = build_plan(entry, settings.replace(runtime="xllamacpp"), at)
     elif choice.runtime in ("bin", "path"):
         if choice.binary is None:
             raise EngineUnavailableError(f"runtime {choice.runtime}: no llama-server binary ({choice.why})")
@@ -176,7 +176,7 @@ class LlamaRuntimesKind(LlamaCppKind):
         build = f"runtime {choice.runtime}, {build_title(choice.build)}: {choice.why}"
         refused = _refused_here(settings, hardware)
         if choice.runtime == "xllamacpp":
-            wheel = super().install(dataclasses.replace(settings, runtime="xllamacpp"))
+            wheel = super().install(settings.replace(runtime="xllamacpp"))
             note = "; ".join(x for x in (wheel.note, build) if x)
             return dataclasses.replace(wheel, note=note, rejected_architectures=refused)
         where = choice.image if choice.image else choice.binary

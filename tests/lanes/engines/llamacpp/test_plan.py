@@ -36,14 +36,14 @@ def catalog(tmp_path: Path, model_store: Path) -> Catalog:
 
 
 def test_automatic_context_is_per_slot_times_slots(catalog: Catalog) -> None:
-    p = plan_params(catalog.get("tiny"), Settings(parallel=3))
+    p = plan_params(catalog.get("tiny"), Settings.flat(parallel=3))
     assert p.parallel == 3 and p.ctx_size == 2048 * 3  # trained window 2048 < cap 4096
     assert p.alias == "tiny" and not p.embedding and p.pooling is None
     assert 1 <= p.threads <= (os.cpu_count() or 1)
 
 
 def test_explicit_settings_and_overrides(catalog: Catalog) -> None:
-    s = Settings(
+    s = Settings.flat(
         ctx_size=1000,
         kv_type="q8_0",
         flash_attn="on",
@@ -77,7 +77,7 @@ def test_worker_argv_round_trips_params(catalog: Catalog) -> None:
 
 
 def test_llama_server_argv(catalog: Catalog) -> None:
-    p = plan_params(catalog.get("embed"), Settings(gpu_layers=99, kv_type="q4_0"))
+    p = plan_params(catalog.get("embed"), Settings.flat(gpu_layers=99, kv_type="q4_0"))
     argv = llama_server_argv("/opt/llama/llama-server", p, port=5555, ppid=42)
     assert argv[:6] == (sys.executable, "-m", "app.lanes.guard", "42", "--", "/opt/llama/llama-server")
     flags = dict(itertools.pairwise(argv[6:]))
@@ -92,11 +92,11 @@ def test_llama_server_argv(catalog: Catalog) -> None:
 def test_runtime_choice_names_what_to_install(tmp_path: Path, catalog: Catalog) -> None:
     assert choose_runtime(Settings()) == "xllamacpp"
     with pytest.raises(EngineUnavailableError, match="no executable llama-server"):
-        choose_runtime(Settings(runtime="llama-server", llama_server_path=str(tmp_path / "nope")))
+        choose_runtime(Settings.flat(runtime="llama-server", llama_server_path=str(tmp_path / "nope")))
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
-    s = Settings(runtime="llama-server", llama_server_path=str(fake))
+    s = Settings.flat(runtime="llama-server", llama_server_path=str(fake))
     assert choose_runtime(s) == "llama-server"
     plan = build_plan(catalog.get("tiny"), s, StartContext(ppid=1, port=4321, hardware=None))
     assert plan.runtime == "llama-server" and plan.port == 4321 and str(fake) in plan.argv

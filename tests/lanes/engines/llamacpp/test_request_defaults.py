@@ -67,10 +67,10 @@ def test_the_default_cap_is_a_quarter_of_the_slot_within_bounds(slot: int, cap: 
 
 
 def test_an_override_is_cut_to_the_slot_and_a_bad_one_says_what_to_do() -> None:
-    s = Settings(model_overrides={"m": {"max_output": 99999}})
+    s = Settings.flat(model_overrides={"m": {"max_output": 99999}})
     assert max_output("m", s, slot_ctx=4096) == 4096 and max_output("other", s, slot_ctx=4096) == 1024
     with pytest.raises(SettingsError, match=r"max_output'\] must be at least 1"):
-        Settings(model_overrides={"m": {"max_output": 0}})
+        Settings.flat(model_overrides={"m": {"max_output": 0}})
 
 
 def test_a_request_limit_of_its_own_is_kept() -> None:
