@@ -68,11 +68,12 @@ def completion_body(body: dict[str, Any], *, prompt: str) -> dict[str, Any]:
     return out
 
 
-def chat_answer(raw: dict[str, Any], *, model: str) -> dict[str, Any]:
+def chat_answer(raw: dict[str, Any], *, model: str, allow_calls: bool = True) -> dict[str, Any]:
     """A Chat Completions answer from llama.cpp's `/completion` answer `raw`: the calls written in its
-    text as `tool_calls` (finish_reason "tool_calls"), else the text as content."""
+    text as `tool_calls` (finish_reason "tool_calls"), else the text as content. `allow_calls` False (the
+    request's `tool_choice: "none"`): the text is the answer whatever it holds."""
     text = str(raw.get("content") or "")
-    calls, content = parse_calls(text)
+    calls, content = parse_calls(text) if allow_calls else ([], text)
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = calls
@@ -109,7 +110,9 @@ async def raw_chat(post_json: PostJson, target: Target, body: dict[str, Any]) ->
     raw = await post_json(target, "/completion", completion_body(body, prompt=prompt))
     if not isinstance(raw, dict):
         raise target.garbled("/completion")
-    return chat_answer(raw, model=str(body.get("model") or target.model_id))
+    return chat_answer(
+        raw, model=str(body.get("model") or target.model_id), allow_calls=body.get("tool_choice") != "none"
+    )
 
 
 async def raw_tool_answer(post_json: PostJson, target: Target, body: dict[str, Any]) -> bytes:

@@ -90,6 +90,16 @@ def test_a_call_in_the_raw_text_becomes_a_tool_call() -> None:
     assert answer["usage"] == {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}
 
 
+def test_tool_choice_none_never_becomes_a_call() -> None:
+    raw = {
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
+        "stop_type": "eos",
+    }
+    choice = chat_answer(raw, model="tools", allow_calls=False)["choices"][0]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == raw["content"]
+
+
 def test_a_text_cut_by_its_limit_says_length() -> None:
     choice = chat_answer({"content": "abc", "stop_type": "limit"}, model="tools")["choices"][0]
     assert (choice["finish_reason"], choice["message"]["content"]) == ("length", "abc")
