@@ -13,7 +13,7 @@ import pytest
 from app.lanes.install.releases import load_releases
 from tests.support.release_host import ReleaseHost, zip_asset
 from tests.windows.conftest import judge
-from tests.windows.wine import Result, WinePython, win_path
+from tests.windows.wine import Result, WinePython
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -48,11 +48,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReleaseHost]:
 
 
 @pytest.fixture(scope="module")
-def results(wine: WinePython, host: ReleaseHost, tmp_path_factory: pytest.TempPathFactory) -> Result:
-    root = tmp_path_factory.mktemp("engines with spaces")
-    return wine.run(
-        "engine_checks.py", win_path(root), env={"SWITCHYARD_RELEASES_API": host.url}, timeout=300
-    )
+def results(wine: WinePython, host: ReleaseHost) -> Result:
+    return wine.run("engine_checks.py", env={"SWITCHYARD_RELEASES_API": host.url}, timeout=300)
 
 
 def test_the_windows_llama_cpp_release(results: Result, host: ReleaseHost) -> None:

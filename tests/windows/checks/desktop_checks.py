@@ -10,15 +10,14 @@ platform_checks.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.windows.checks.runner import Checks
 
 # wine drops QT_* from the environment it passes on: set here. The offscreen platform reads fonts from one
 # folder (a real Windows window asks the system instead); the test passes the host's, as SY_QT_FONTDIR.
@@ -26,17 +25,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 if os.environ.get("SY_QT_FONTDIR"):
     os.environ.setdefault("QT_QPA_FONTDIR", os.environ["SY_QT_FONTDIR"])
 
-CHECKS: list[tuple[str, Callable[[Path], object]]] = []
+CHECKS = Checks()
+check = CHECKS.add
 OUT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
-
-
-def check(fn: Callable[[Path], object]) -> Callable[[Path], object]:
-    CHECKS.append((fn.__name__, fn))
-    return fn
-
-
-class Wine(Exception):
-    """The check met a limit of wine, not of Windows (the message says which)."""
 
 
 def _qapp() -> Any:
@@ -232,30 +223,7 @@ def tray_where_there_is_none(tmp: Path) -> object:
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="sy win desktop "))
-    wanted = set(sys.argv[2:])
-    for name, fn in CHECKS:
-        if wanted and name not in wanted:
-            continue
-        tmp = root / name
-        tmp.mkdir()
-        started = time.monotonic()
-        try:
-            detail = fn(tmp)
-            line: dict[str, object] = {"check": name, "ok": True, "detail": detail}
-        except Wine as exc:
-            line = {"check": name, "ok": False, "wine": str(exc)}
-        except BaseException as exc:
-            line = {
-                "check": name,
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "trace": traceback.format_exc()[-2000:],
-            }
-        line["seconds"] = round(time.monotonic() - started, 2)
-        print(json.dumps(line, default=str), flush=True)
-    print(json.dumps({"done": True}), flush=True)
-    return 0
+    return CHECKS.run(prefix="sy win desktop ", wanted=set(sys.argv[2:]))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,23 @@
 """Run under the Windows CPython (tests/windows/test_wine_engines.py): the `bin` runtime's llama.cpp
 release for Windows, fetched as Windows code from a local stand-in of GitHub's releases API.
 
-Usage: engine_checks.py ROOT (the engines folder); SWITCHYARD_RELEASES_API names the stand-in. One JSON line
-per check, as in platform_checks.py.
+Usage: engine_checks.py [CHECK...]; SWITCHYARD_RELEASES_API names the stand-in; each check's engines folder is
+a new one under a path with spaces. One JSON line per check (checks/runner.py).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
+from tests.windows.checks.runner import Checks
 
+CHECKS = Checks()
+check = CHECKS.add
+
+
+@check
 def the_windows_release_is_fetched_unpacked_and_runs(root: Path) -> object:
     """This machine's key (windows-x86_64-cpu) picks the manifest's Windows zip; its sha256 is checked, it
     is unpacked under the engines folder, the .exe is found in upstream's build\\bin and runs."""
@@ -43,26 +46,8 @@ def the_windows_release_is_fetched_unpacked_and_runs(root: Path) -> object:
     return {"key": key, "asset": pin.name, "binary": str(installed.binary), "version": done.stdout.strip()}
 
 
-CHECKS = [the_windows_release_is_fetched_unpacked_and_runs]
-
-
 def main() -> int:
-    root = Path(sys.argv[1])
-    for fn in CHECKS:
-        started = time.monotonic()
-        try:
-            line: dict[str, object] = {"check": fn.__name__, "ok": True, "detail": fn(root)}
-        except BaseException as exc:
-            line = {
-                "check": fn.__name__,
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "trace": traceback.format_exc()[-2000:],
-            }
-        line["seconds"] = round(time.monotonic() - started, 2)
-        print(json.dumps(line, default=str), flush=True)
-    print(json.dumps({"done": True}), flush=True)
-    return 0
+    return CHECKS.run(prefix="sy win engines ", wanted=set(sys.argv[1:]))
 
 
 if __name__ == "__main__":

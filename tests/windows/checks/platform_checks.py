@@ -12,23 +12,14 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
-CHECKS: list[tuple[str, Callable[[Path], object]]] = []
+from tests.windows.checks.runner import Checks
 
-
-def check(fn: Callable[[Path], object]) -> Callable[[Path], object]:
-    CHECKS.append((fn.__name__, fn))
-    return fn
-
-
-class Wine(Exception):
-    """The check met a limit of wine, not of Windows (the message says which)."""
+CHECKS = Checks()
+check = CHECKS.add
 
 
 @check
@@ -412,30 +403,7 @@ def an_engine_prints_non_ascii_whatever_the_code_page(tmp: Path) -> object:
 
 
 def main() -> int:
-    root = Path(tempfile.mkdtemp(prefix="sy win checks "))
-    wanted = set(sys.argv[1:])
-    for name, fn in CHECKS:
-        if wanted and name not in wanted:
-            continue
-        tmp = root / name
-        tmp.mkdir()
-        started = time.monotonic()
-        try:
-            detail = fn(tmp)
-            line: dict[str, object] = {"check": name, "ok": True, "detail": detail}
-        except Wine as exc:
-            line = {"check": name, "ok": False, "wine": str(exc)}
-        except BaseException as exc:
-            line = {
-                "check": name,
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "trace": traceback.format_exc()[-2000:],
-            }
-        line["seconds"] = round(time.monotonic() - started, 2)
-        print(json.dumps(line, default=str), flush=True)
-    print(json.dumps({"done": True}), flush=True)
-    return 0
+    return CHECKS.run(prefix="sy win checks ", wanted=set(sys.argv[1:]))
 
 
 if __name__ == "__main__":
