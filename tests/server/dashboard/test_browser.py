@@ -59,6 +59,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, hub: FakeHub) -> Iterator[S
     models = tmp_path_factory.mktemp("dash-models")
     write_tiny_gguf(models / "tiny.gguf", CHAT)
     home = tmp_path_factory.mktemp("dash-home")
+    # the page's chat names no output limit, so the model's cap applies (1024 tokens by default): random
+    # weights seldom end earlier, and 1024 of them took over a minute beside the installer build in CI
+    (home / "settings.json").write_text(json.dumps({"model_overrides": {"tiny": {"max_output": 48}}}))
     apps = tmp_path_factory.mktemp("dash-apps")  # an Ollama store, listed beside the models folder
     ollama_model(apps / ".ollama" / "models", models / "tiny.gguf", name="tiny-ollama")
     with pytest.MonkeyPatch.context() as mp:
