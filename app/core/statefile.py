@@ -17,6 +17,7 @@ The lock file is never deleted (deleting it would let two writers lock two diffe
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -140,7 +141,7 @@ class Named(Protocol):
 R = TypeVar("R", bound=Named)
 
 
-class NamedRecords(Generic[R]):
+class NamedRecords(abc.ABC, Generic[R]):
     """A 0600 JSON file `{"version": 1, <key>: [record, ...]}` of records found by name (remotes.json,
     peers.json): read without a lock, changed only by `_update` (one locked read-modify-write, so the server,
     the CLI and the window may all change it at once and none of their changes is lost).
@@ -158,8 +159,9 @@ class NamedRecords(Generic[R]):
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @abc.abstractmethod
     def _record(self, data: Any) -> R:
-        raise NotImplementedError
+        """One record from its JSON (a store that cannot say this cannot be made)."""
 
     def specs(self) -> list[R]:
         try:

@@ -1,24 +1,23 @@
-"""The memory of vLLM and SGLang lanes: a share of a card's memory, chosen before the engine starts.
+"""The memory of lanes whose engine takes a share of a card's memory, chosen before the engine starts.
 
-Neither engine sizes itself from free memory the way llama.cpp is sized in `memory.py`: each takes a
-fraction and fills it, so two lanes on one card need explicit, non-overlapping fractions.
+Such an engine does not size itself from free memory the way llama.cpp is sized in `memory.py`: it takes a
+fraction and fills it, so two lanes on one card need explicit, non-overlapping fractions. How an engine
+does that is its kind's `ShareRule` (declared beside the kind, app/lanes/engines/cuda.py, where each
+rule's values are explained); this module plans with whichever rule it is given. A rule's fraction
+multiplies one of two bases:
 
-vLLM, `--gpu-memory-utilization F`: at start it refuses to run unless the free memory is at least F x the
-card's TOTAL memory. It loads the weights, runs one profiling forward pass of `--max-num-batched-tokens`
-tokens (and a sampler pass over `--max-num-seqs` sequences), and whatever of F x total is left after
-weights, the activation peak and non-torch allocations (cuBLAS workspaces) becomes KV cache, in blocks of
-16 tokens. Its CUDA context and NCCL buffers exist before it measures, and its CUDA graphs are captured
-after the KV cache is allocated (its own log says the profile "does not consider CUDAGraph memory"), so
-all three sit outside F. Sliding-window layers keep only `window - 1 + max_num_batched_tokens` tokens
-(+1 block) per request.
+- "total": the engine refuses to start unless the free memory is at least F x the card's TOTAL memory,
+  loads the weights, profiles one forward pass of the batch-token budget (and a sampler pass over its
+  sequence limit), and whatever of F x total is left after weights, the activation peak and workspaces
+  becomes KV cache. Its CUDA context, NCCL buffers and CUDA graphs sit outside F.
+- "free": F applies to the memory FREE when the engine measures it (after its CUDA context and NCCL,
+  before the weights): the KV pool gets `F x free - weights`, and activations and CUDA graphs come from
+  the other `(1 - F) x free`. Because what is free at launch depends on which other lanes are resident,
+  the plan assumes every promised lane is resident (the smallest free memory it may see) and also passes
+  the rule's pool cap, which holds the pool at the planned size when the card happens to be emptier.
 
-SGLang, `--mem-fraction-static F`: F applies to the memory FREE when the engine measures it (after its
-CUDA context and NCCL, before the weights), not to the total: the KV pool gets `F x free - weights`, and
-activations and CUDA graphs come from the other `(1 - F) x free`. Because what is free at launch depends
-on which other lanes are resident, the plan assumes every promised lane is resident (the smallest free
-memory it may see) and also passes `--max-total-tokens`, which caps the pool at the planned size when the
-card happens to be emptier. Every layer is counted at full length (SGLang's pool does that except for a
-few hybrid sliding-window models, where it needs less).
+A rule's KV cache is either whole blocks of `kv_block_tokens` tokens, with sliding-window layers keeping
+only `window - 1 + batch tokens` tokens (+1 block) per request, or one slot per token in every layer.
 
 The estimates (constants below, each with its reason): activation peak = batch tokens x hidden size x
 ACT_WIDTHS tensors of 2 bytes, plus the sampler's f32 logits; a fixed cuBLAS workspace, CUDA-graph pool,
@@ -46,10 +45,8 @@ from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo
 
 GIB = 1 << 30
-Engine = Literal["vllm", "sglang"]
 
 SAFETY_MARGIN = 0.02  # of the card never promised: allocator fragmentation, and our estimates' error
-VLLM_BLOCK_TOKENS = 16  # vLLM's KV block size on CUDA: a request holds whole blocks
 # Hidden-sized activations alive per batched token at the forward peak: an MLP's gate+up and activation
 # output (3 x intermediate, and intermediate is 3.5-5.3 x hidden in Llama-3 / Qwen2.5) plus ~5 hidden-wide
 # tensors (residual, norm output, qkv, attention output). config.json facts lack the intermediate size,
@@ -61,19 +58,46 @@ WORKSPACE = 256 * MIB  # cuBLAS/attention workspaces; vLLM logs ~0.2 GiB of "non
 CUDA_GRAPHS = 1 * GIB  # graph pool; vLLM typically logs 0.3-1 GiB for 7-8B models at its default sizes
 CUDA_CONTEXT = 512 * MIB  # the engine process's CUDA context (lazy module loading: ~0.3-0.5 GiB)
 NCCL_BUFFERS = 512 * MIB  # per GPU with tensor parallel: NCCL and custom all-reduce buffers
-# +0.01 to SGLang's fraction: its profile counts in float GiB after load-time buffers; the pool is capped
-SGLANG_FRACTION_SLACK = 1
-# vLLM's --max-num-batched-tokens default below 70 GiB cards; SGLang's chunked prefill on small cards
+# the batch-token budget's default below 70 GiB cards (vLLM's, and SGLang's chunked prefill on small cards)
 DEFAULT_BATCH_TOKENS = 2048
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's --max-num-seqs default on such cards
-SUGGEST_STEP = 1024  # a shorter --max-model-len is suggested in multiples of this
-# kv_cache_dtype -> (bytes per element, vLLM's spelling, SGLang's spelling); "auto" is the model's half type
-KV_DTYPES: dict[str, tuple[int, str | None, str | None]] = {
-    "auto": (2, None, None),
-    "fp8": (1, "fp8", "fp8_e4m3"),
-    "fp8_e4m3": (1, "fp8_e4m3", "fp8_e4m3"),
-    "fp8_e5m2": (1, "fp8_e5m2", "fp8_e5m2"),
-}
+DEFAULT_MAX_NUM_SEQS = 256  # the engines' sequence limit on such cards
+SUGGEST_STEP = 1024  # a shorter context is suggested in multiples of this
+# kv_cache_dtype -> bytes per element; "auto" is the model's half type (each rule spells the others)
+KV_BYTES: dict[str, int] = {"auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareRule:
+    """How one engine takes its share of a card, as its kind declares it (app/lanes/engines/cuda.py): what
+    its memory flag multiplies, how its KV cache is laid out, and the flags that pin what a plan assumed."""
+
+    name: str  # the engine, as GPUShare.engine and the messages name it
+    basis: Literal["total", "free"]  # the flag multiplies the card's total, or what is free when it measures
+    activations_inside: bool  # the activation peak and workspaces come out of the fraction (else beside it)
+    # KV in whole blocks of this many tokens, sliding-window layers shortened; None: every token, every layer
+    kv_block_tokens: int | None
+    batch_covers_seqs: bool  # it refuses a batch-token budget below its sequence limit
+    fraction_flag: str
+    length_flag: str
+    tp_flag: str
+    batch_flag: str
+    seqs_flag: str
+    pool_flag: str | None  # caps the KV pool at the planned tokens; a "free" basis needs one
+    kv_dtype_flag: str
+    kv_dtypes: tuple[tuple[str, str], ...]  # each KV_BYTES name but "auto" -> the engine's spelling
+    half_flags: tuple[str, ...] = ()  # what runs bf16 weights below compute capability 8 (none: it switches)
+    fraction_slack: int = 0  # whole percents added to the flag beyond the plan
+
+    def __post_init__(self) -> None:
+        if self.basis == "free" and not self.pool_flag:
+            raise ValueError(f"{self.name}: a share of the free memory needs a pool cap (pool_flag)")
+        spelled = {k for k, _ in self.kv_dtypes}
+        if spelled != set(KV_BYTES) - {"auto"}:
+            raise ValueError(f"{self.name}: kv_dtypes must spell exactly {sorted(set(KV_BYTES) - {'auto'})}")
+
+    def kv_spelling(self, kv_cache_dtype: str) -> str | None:
+        """The engine's name for one of KV_BYTES' types; None for "auto" (no flag passed)."""
+        return dict(self.kv_dtypes).get(kv_cache_dtype)
 
 
 @dataclass(frozen=True)
@@ -81,28 +105,28 @@ class ShareRequest:
     """One lane that wants a share of a card (for `split_card`; `plan_gpu_share` builds one)."""
 
     model: SafetensorsModel
-    engine: Engine
+    engine: ShareRule
     max_model_len: int
     name: str = "this model"
     tensor_parallel: int = 1
     kv_cache_dtype: str = "auto"
     concurrency: int | None = None  # full-length requests to hold; None = as many as the share allows
-    batch_tokens: int = DEFAULT_BATCH_TOKENS  # vLLM --max-num-batched-tokens / SGLang --chunked-prefill-size
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # vLLM --max-num-seqs / SGLang --max-running-requests
+    batch_tokens: int = DEFAULT_BATCH_TOKENS  # the rule's batch_flag
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # the rule's seqs_flag
 
 
 @dataclass(frozen=True)
 class GPUShare:
     """What one lane holds on each card of its tensor-parallel group, in bytes, and how to start it.
 
-    `fraction` is the engine's flag; it multiplies `fraction_basis` (vLLM: the card's total; SGLang: the
-    memory free when it measures, assuming every promised lane is resident). `card_bytes` is everything
+    `fraction` is the engine's flag; it multiplies `fraction_basis` (the card's total, or the memory free
+    when it measures, assuming every promised lane is resident: the rule's basis). `card_bytes` is everything
     the lane holds, inside and outside the flag; `card_fraction` is that share of the card, the figure
     other lanes' promises are counted in.
     """
 
     name: str
-    engine: Engine
+    engine: str  # the rule's name
     gpu_index: int
     card_total: int
     fraction: float
@@ -119,7 +143,7 @@ class GPUShare:
     concurrent_requests: int  # full-length requests the KV cache holds at once
     tensor_parallel: int
     kv_cache_dtype: str
-    max_total_tokens: int | None  # SGLang's pool cap; None for vLLM
+    max_total_tokens: int | None  # the pool cap of a "free" basis rule; None for a "total" one
     argv: tuple[str, ...]
     notes: tuple[str, ...] = ()
 
@@ -241,10 +265,11 @@ def valid_tensor_parallel(model: SafetensorsModel, n_gpus: int) -> int:
     return next((t for t in range(max(1, n_gpus), 0, -1) if tensor_parallel_problem(model, t) is None), 1)
 
 
-def _kv_dtype(name: str) -> tuple[int, str | None, str | None]:
-    if name not in KV_DTYPES:
-        raise SettingsError(f"kv_cache_dtype {name!r} is unknown; use one of {', '.join(KV_DTYPES)}")
-    return KV_DTYPES[name]
+def _kv_dtype(name: str) -> int:
+    """Bytes per element of a kv_cache_dtype."""
+    if name not in KV_BYTES:
+        raise SettingsError(f"kv_cache_dtype {name!r} is unknown; use one of {', '.join(KV_BYTES)}")
+    return KV_BYTES[name]
 
 
 def kv_bytes_per_token(
@@ -252,28 +277,28 @@ def kv_bytes_per_token(
 ) -> int:
     """Bytes one token costs per GPU in one layer's K and V: KV heads on the GPU x head_dim x 2 x B."""
     s = _shape(model)
-    return max(1, s.kv_heads // tensor_parallel) * s.head_dim * 2 * _kv_dtype(kv_cache_dtype)[0]
+    return max(1, s.kv_heads // tensor_parallel) * s.head_dim * 2 * _kv_dtype(kv_cache_dtype)
 
 
 def kv_request_bytes(
     model: SafetensorsModel,
     *,
-    engine: Engine,
+    engine: ShareRule,
     max_model_len: int,
     kv_cache_dtype: str = "auto",
     tensor_parallel: int = 1,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
 ) -> int:
-    """KV bytes per GPU of one request of `max_model_len` tokens, as the engine sizes it.
+    """KV bytes per GPU of one request of `max_model_len` tokens, as the engine's rule sizes it.
 
-    vLLM: whole 16-token blocks; a sliding-window layer holds min(window - 1 + batch tokens, length)
-    tokens plus one block. SGLang: one slot per token in every layer.
+    In blocks: whole blocks; a sliding-window layer holds min(window - 1 + batch tokens, length) tokens
+    plus one block. Without: one slot per token in every layer.
     """
     s = _shape(model)
     per_layer = kv_bytes_per_token(model, kv_cache_dtype=kv_cache_dtype, tensor_parallel=tensor_parallel)
-    if engine == "sglang":
+    b = engine.kv_block_tokens
+    if b is None:
         return s.layers * max_model_len * per_layer
-    b = VLLM_BLOCK_TOKENS
     full = -(-max_model_len // b) * b
     tokens = 0
     for slides in s.sliding:
@@ -301,7 +326,9 @@ def activation_bytes(
 def weight_bytes(model: SafetensorsModel) -> int:
     """Bytes of the weights in GPU memory (an fp32 checkpoint is served in half precision)."""
     if model.weights is None:
-        raise ModelBrokenError("the model has no safetensors weights; vLLM and SGLang load *.safetensors")
+        raise ModelBrokenError(
+            "the model has no safetensors weights; its GPU-share engines load *.safetensors"
+        )
     total = model.weights.total_bytes
     if model.quantization is None and model.config.torch_dtype == "float32":
         total -= dict(model.weights.bytes_by_dtype).get("F32", 0) // 2
@@ -331,7 +358,7 @@ class _Costs:
     activations: int
     context: int
     per_request: int
-    inside: int  # besides KV, what the fraction must cover (vLLM: weights + activations; SGLang: weights)
+    inside: int  # besides KV, what the fraction must cover (weights, and activations when the rule says)
     outside: int  # what the lane holds outside its fraction
 
 
@@ -341,27 +368,26 @@ def _costs(req: ShareRequest) -> _Costs:
     act = activation_bytes(req.model, batch_tokens=req.batch_tokens, max_num_seqs=req.max_num_seqs)
     context = CUDA_CONTEXT + (NCCL_BUFFERS if tp > 1 else 0)
     per_request = _per_request(req)
-    if req.engine == "vllm":
+    if req.engine.activations_inside:
         return _Costs(weights, act, context, per_request, weights + act + WORKSPACE, context + CUDA_GRAPHS)
     return _Costs(weights, act, context, per_request, weights, context + act + WORKSPACE + CUDA_GRAPHS)
 
 
 def _kv_room(req: ShareRequest, costs: _Costs, *, total: int, budget: int) -> int:
     """KV bytes the lane can have when it may hold `budget` bytes of the card."""
-    if req.engine == "vllm":  # its fraction is whole percents of the total; the rest is outside it
+    if req.engine.basis == "total":  # its fraction is whole percents of the total; the rest is outside it
         return _pct_floor(budget - costs.outside, total) * total // 100 - costs.inside
     return budget - costs.outside - costs.inside
 
 
 def _check(req: ShareRequest, gpu: GPUInfo) -> int:
-    if req.engine not in ("vllm", "sglang"):
-        raise SettingsError(f"engine {req.engine!r} has no GPU-share plan; use vllm or sglang")
+    rule = req.engine
     if req.max_model_len < 1:
         raise SettingsError(f"max_model_len {req.max_model_len} must be at least 1")
     _kv_dtype(req.kv_cache_dtype)
-    if req.engine == "vllm" and req.batch_tokens < req.max_num_seqs:
+    if rule.batch_covers_seqs and req.batch_tokens < req.max_num_seqs:
         raise SettingsError(
-            f"--max-num-batched-tokens {req.batch_tokens} must be at least --max-num-seqs {req.max_num_seqs}"
+            f"{rule.batch_flag} {req.batch_tokens} must be at least {rule.seqs_flag} {req.max_num_seqs}"
         )
     problem = tensor_parallel_problem(req.model, req.tensor_parallel)
     if problem:
@@ -407,7 +433,7 @@ def _plan(req: ShareRequest, gpu: GPUInfo, *, others: int, others_label: str, fo
     )
     return GPUShare(
         name=req.name,
-        engine=req.engine,
+        engine=req.engine.name,
         gpu_index=gpu.index,
         card_total=total,
         fraction=pct / 100,
@@ -433,12 +459,12 @@ def _plan(req: ShareRequest, gpu: GPUInfo, *, others: int, others_label: str, fo
 def _sizes(
     req: ShareRequest, costs: _Costs, shape: _Shape, *, n: int, total: int, free: int
 ) -> tuple[int, int, int, int, int | None]:
-    """(flag in percent, the bytes it multiplies, KV bytes, card bytes, SGLang pool tokens) for `n`
-    full-length requests; `free` is what the card has when the promised lanes are resident."""
-    if req.engine == "vllm":  # KV = the whole fraction less weights and activations
+    """(flag in percent, the bytes it multiplies, KV bytes, card bytes, pool tokens of a "free" basis) for
+    `n` full-length requests; `free` is what the card has when the promised lanes are resident."""
+    if req.engine.basis == "total":  # KV = the whole fraction less weights and activations
         pct = _pct_ceil(costs.inside + n * costs.per_request, total)
         return pct, total, pct * total // 100 - costs.inside, costs.outside + pct * total // 100, None
-    basis = free - costs.context  # what SGLang finds free when it measures, after its own context
+    basis = free - costs.context  # what the engine finds free when it measures, after its own context
     tokens = n * req.max_model_len
     kv = (
         tokens
@@ -447,28 +473,25 @@ def _sizes(
             req.model, kv_cache_dtype=req.kv_cache_dtype, tensor_parallel=req.tensor_parallel
         )
     )
-    pct = min(99, _pct_ceil(costs.inside + kv, basis) + SGLANG_FRACTION_SLACK)
+    pct = min(99, _pct_ceil(costs.inside + kv, basis) + req.engine.fraction_slack)
     return pct, basis, kv, costs.outside + costs.inside + kv, tokens
 
 
 def _argv(req: ShareRequest, gpu: GPUInfo, *, pct: int, pool_tokens: int | None) -> tuple[str, ...]:
     """The engine flags that pin what the plan assumed (fraction, length, TP, batch, sequences, KV type)."""
-    _, vllm_kv, sglang_kv = _kv_dtype(req.kv_cache_dtype)
-    frac, tp, length = f"{pct / 100:.2f}", str(req.tensor_parallel), str(req.max_model_len)
-    batch, seqs = str(req.batch_tokens), str(req.max_num_seqs)
-    if req.engine == "vllm":
-        out = ["--gpu-memory-utilization", frac, "--max-model-len", length, "--tensor-parallel-size", tp]
-        out += ["--max-num-batched-tokens", batch, "--max-num-seqs", seqs]
-        out += ["--kv-cache-dtype", vllm_kv] if vllm_kv else []
-        return tuple(out + (["--dtype", "half"] if _needs_half(req, gpu) else []))
-    out = ["--mem-fraction-static", frac, "--context-length", length, "--tp-size", tp]
-    out += ["--max-total-tokens", str(pool_tokens), "--chunked-prefill-size", batch]
-    out += ["--max-running-requests", seqs]
-    return tuple(out + (["--kv-cache-dtype", sglang_kv] if sglang_kv else []))
+    rule = req.engine
+    out = [rule.fraction_flag, f"{pct / 100:.2f}", rule.length_flag, str(req.max_model_len)]
+    out += [rule.tp_flag, str(req.tensor_parallel)]
+    if rule.pool_flag and pool_tokens is not None:
+        out += [rule.pool_flag, str(pool_tokens)]
+    out += [rule.batch_flag, str(req.batch_tokens), rule.seqs_flag, str(req.max_num_seqs)]
+    kv = rule.kv_spelling(req.kv_cache_dtype)
+    out += [rule.kv_dtype_flag, kv] if kv else []
+    return tuple(out + (list(rule.half_flags) if _needs_half(req, gpu) else []))
 
 
 def _needs_half(req: ShareRequest, gpu: GPUInfo) -> bool:
-    """bf16 needs compute capability 8.0; vLLM refuses below it unless told --dtype half (SGLang switches)."""
+    """bf16 needs compute capability 8.0; some engines refuse below it unless told (the rule's half_flags)."""
     major = (gpu.compute_capability or "").split(".")[0]
     return req.model.config.torch_dtype == "bfloat16" and major.isdigit() and int(major) < 8
 
@@ -508,7 +531,8 @@ def _refusal(
     want = req.concurrency or 1
     kv = want * costs.per_request
     overhead = costs.inside + costs.outside - costs.weights
-    if req.engine == "vllm":  # the fraction is whole percents: the rounding counts as overhead
+    rule = req.engine
+    if rule.basis == "total":  # the fraction is whole percents: the rounding counts as overhead
         overhead = costs.outside + _pct_ceil(costs.inside + kv, total) * total // 100 - costs.weights - kv
     need = costs.weights + kv + overhead
     what = "one" if want == 1 else str(want)
@@ -521,11 +545,11 @@ def _refusal(
     tries: list[str] = []
     shorter = _shorter_len(req, room=room)
     if shorter:
-        tries.append(f"--max-model-len {shorter}")
+        tries.append(f"{rule.length_flag} {shorter}")
     if req.kv_cache_dtype == "auto" and room >= want * _per_request(req, kv_cache_dtype="fp8"):
-        tries.append("--kv-cache-dtype fp8")
+        tries.append(f"{rule.kv_dtype_flag} {rule.kv_spelling('fp8')}")
     if room < 0:
-        tries.append("more GPUs with --tensor-parallel-size" if req.tensor_parallel == 1 else "more GPUs")
+        tries.append(f"more GPUs with {rule.tp_flag}" if req.tensor_parallel == 1 else "more GPUs")
     if req.model.quantization is None:
         tries.append("a quantized build (AWQ/GPTQ 4-bit)")
     elif not tries:
@@ -533,7 +557,7 @@ def _refusal(
     message = (
         f"{req.name} needs {fmt_bytes(costs.weights)} for weights + {fmt_bytes(kv)} for {what} "
         f"{req.max_model_len}-token request{'s' if want > 1 else ''} + {fmt_bytes(overhead)} engine overhead "
-        f"(activations, CUDA graphs, CUDA context) on {req.engine}; {left}; try {' or '.join(tries)}"
+        f"(activations, CUDA graphs, CUDA context) on {rule.name}; {left}; try {' or '.join(tries)}"
     )
     return ShareRefusal(
         message,
@@ -577,7 +601,7 @@ def plan_gpu_share(
     model: SafetensorsModel,
     gpu: GPUInfo,
     *,
-    engine: Engine,
+    engine: ShareRule,
     max_model_len: int,
     reserved_by_others: float = 0.0,
     reserved_for: str = "other lanes",
@@ -589,7 +613,7 @@ def plan_gpu_share(
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
 ) -> GPUShare:
-    """The share of `gpu` a vLLM or SGLang lane asks for, or `GPUShareRefused` with the numbers.
+    """The share of `gpu` a lane of the `engine` rule asks for, or `GPUShareRefused` with the numbers.
 
     `reserved_by_others` is the fraction of the card's total already promised to other lanes
     (`reserved_for` names them in a refusal); `foreign_used` is bytes other programs hold on it. The lane
@@ -658,7 +682,7 @@ def _split_refusal(mins: list[GPUShare], *, total: int, usable: int, need: int) 
     message = (
         f"{names} need {parts} = {need / total:.2f} of this {total / GIB:.0f} GiB card ({fmt_bytes(need)}), "
         f"more than the {usable / total:.2f} that can be promised ({fmt_bytes(usable)}): {each}; "
-        "shorten a lane's --max-model-len, use --kv-cache-dtype fp8, or move a lane to another card"
+        "shorten a lane's context, give a lane an fp8 KV cache, or move a lane to another card"
     )
     return ShareRefusal(
         message,

@@ -13,7 +13,7 @@ from app.fit.memory import FitParams
 from app.fit.plan import AUTO_RESERVE_FRACTION, GIB, Budget, plan_placements
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
 from app.hardware.model import MemoryInfo
-from tests.fit.test_fit import machine
+from tests.support.machines import machine
 from tests.support.tinymodels import LARGE, write_tiny_gguf
 
 TOTAL = 24 * GIB

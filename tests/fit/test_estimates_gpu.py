@@ -58,8 +58,8 @@ from app.library.opening import open_catalog
 from app.library.speeds import LoadKey, Speed, SpeedStore, calibrate
 from app.library.store import Library
 from app.runtime import Runtime
-from tests.fit.test_fit import machine, nvidia
 from tests.hardware.test_probe import A100_80, H100_A, RTX_4090, Card, FakeNVML
+from tests.support.machines import machine, nvidia, unified_gpu
 from tests.support.tinymodels import LARGE, write_tiny_gguf
 
 CALIBRATING = calibrating_lanes()  # the lanes whose measured speeds calibrate the model
@@ -286,19 +286,7 @@ def test_device_bandwidths_name_what_the_machine_knows() -> None:
     unread = machine(ram_gib=64, gpus=(nvidia(24564),))
     assert device_bandwidths(unread) == {CPU: CPU_BW}
     assert device_bandwidths(dataclasses.replace(unread, bandwidth=None)) == {}
-    apple = GPUInfo(
-        index=0,
-        vendor="apple",
-        name="Apple M2 Pro",
-        memory_total=None,
-        memory_free=None,
-        memory_used=None,
-        driver_version=None,
-        compute_capability=None,
-        unified_memory=True,
-        pci_bus_id=None,
-        source="sysctl",
-    )
+    apple = unified_gpu("apple", "Apple M2 Pro", source="sysctl")
     mac = dataclasses.replace(machine(ram_gib=32, os_="darwin"), gpus=(apple,))
     assert device_bandwidths(mac) == {CPU: CPU_BW, GPU: CPU_BW}  # the GPU reads the same memory
 

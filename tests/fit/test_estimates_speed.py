@@ -29,7 +29,7 @@ from app.library.speeds import LoadKey, Speed, SpeedRecorder, SpeedStore, calibr
 from app.library.store import Library
 from app.ui import fmt
 from tests.conftest import ServerProcess, link_models, running_server
-from tests.fit.test_fit import machine
+from tests.support.machines import machine
 from tests.support.tinymodels import LARGE, TinySpec, write_tiny_gguf
 
 CALIBRATING = calibrating_lanes()  # the lanes whose measured speeds calibrate the model

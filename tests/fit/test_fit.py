@@ -14,9 +14,9 @@ from app.core.settings import Settings
 from app.fit.memory import MIB, FitParams, breakdown, kv_layer_bytes, split_weights
 from app.fit.plan import GIB, Budget, plan_placements
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
-from app.hardware.model import Bandwidth, CPUInfo, GPUInfo, Hardware, MemoryInfo
 from app.lanes.engines.plan import StartContext
 from app.runtime import Runtime
+from tests.support.machines import machine, nvidia, unified_gpu
 from tests.support.tinymodels import CHAT, LARGE, TinySpec, write_gemma2_gguf, write_tiny_gguf
 
 
@@ -122,42 +122,6 @@ def llama8b_like(base: GGUFLayout) -> GGUFLayout:
     )
 
 
-def machine(*, ram_gib: float, gpus: tuple[GPUInfo, ...] = (), os_: str = "linux") -> Hardware:
-    ram = int(ram_gib * GIB)
-    return Hardware(
-        os=os_,
-        arch="x86_64",
-        cpu=CPUInfo(
-            model_name="test cpu",
-            physical_cores=8,
-            logical_cores=16,
-            usable_cores=16,
-            cgroup_quota_cores=None,
-            flags=("avx2",),
-        ),
-        memory=MemoryInfo(total=ram, available=ram, swap_total=0, swap_free=0, cgroup_limit=None),
-        gpus=gpus,
-        engine_devices=(),
-        bandwidth=Bandwidth(single_core=20 * GIB, all_cores=80 * GIB, threads=16, measured_at=0.0),
-    )
-
-
-def nvidia(mib: int, name: str = "NVIDIA GeForce RTX 4090") -> GPUInfo:
-    return GPUInfo(
-        index=0,
-        vendor="nvidia",
-        name=name,
-        memory_total=mib * MIB,
-        memory_free=(mib - 400) * MIB,
-        memory_used=400 * MIB,
-        driver_version="550.54.15",
-        compute_capability="8.9",
-        unified_memory=False,
-        pci_bus_id="00000000:01:00.0",
-        source="nvml",
-    )
-
-
 @pytest.fixture
 def big(model_store: Path) -> GGUFLayout:
     lay = read_gguf_layout(model_store / "tiny.gguf")
@@ -207,19 +171,7 @@ def test_cpu_only_with_speed(big: GGUFLayout) -> None:
 
 
 def test_apple_unified_memory_counts_ram(big: GGUFLayout) -> None:
-    apple = GPUInfo(
-        index=0,
-        vendor="apple",
-        name="Apple M3 Max",
-        memory_total=None,
-        memory_free=None,
-        memory_used=None,
-        driver_version=None,
-        compute_capability=None,
-        unified_memory=True,
-        pci_bus_id=None,
-        source="sysctl",
-    )
+    apple = unified_gpu("apple", "Apple M3 Max", source="sysctl")
     hw = dataclasses.replace(machine(ram_gib=36, gpus=(apple,)), os="darwin", arch="arm64")
     r = plan_placements(big, hw, params=FitParams(ctx_size=8192), budget=Budget.of(hw))
     assert r.verdict == "gpu"
@@ -330,19 +282,7 @@ def test_no_offload_when_llama_cpp_sees_no_gpu(big: GGUFLayout) -> None:
 
 
 def test_integrated_gpus_other_than_apple_are_not_counted_twice(big: GGUFLayout) -> None:
-    igpu = GPUInfo(
-        index=0,
-        vendor="intel",
-        name="Intel UHD 770",
-        memory_total=None,
-        memory_free=None,
-        memory_used=None,
-        driver_version=None,
-        compute_capability=None,
-        unified_memory=True,
-        pci_bus_id="0000:00:02.0",
-        source="sysfs",
-    )
+    igpu = unified_gpu("intel", "Intel UHD 770", source="sysfs", pci_bus_id="0000:00:02.0")
     hw = machine(ram_gib=16, gpus=(igpu,))
     r = plan_placements(big, hw, params=FitParams(ctx_size=4096), budget=Budget.of(hw))
     assert r.verdict == "cpu" and set(Budget.of(hw).devices) == {"CPU"}

@@ -25,7 +25,6 @@ from app.fit.gpu_share import (
     CUDA_GRAPHS,
     LOGIT_COPIES,
     NCCL_BUFFERS,
-    SGLANG_FRACTION_SLACK,
     WORKSPACE,
     GPUShareRefused,
     ShareRequest,
@@ -40,6 +39,8 @@ from app.fit.gpu_share import (
 from app.fit.memory import MIB
 from app.formats.safetensors_meta import SafetensorsModel, model_from_metadata, read_safetensors_dir
 from app.hardware.model import GPUInfo
+from app.lanes.engines.cuda import SGLANG_SHARE, VLLM_SHARE
+from tests.support.machines import nvidia
 from tests.support.modelgen import (
     DTYPE_BYTES,
     LlamaDims,
@@ -81,22 +82,6 @@ def sparse_hf_dir(
 
 def tensor_bytes(tensors: Mapping[str, TensorSpec]) -> int:
     return sum(math.prod(shape) * DTYPE_BYTES[dtype] for dtype, shape in tensors.values())
-
-
-def nvidia(mib: int, name: str, cc: str = "8.9") -> GPUInfo:
-    return GPUInfo(
-        index=0,
-        vendor="nvidia",
-        name=name,
-        memory_total=mib * MIB,
-        memory_free=(mib - 400) * MIB,
-        memory_used=400 * MIB,
-        driver_version="550.54.15",
-        compute_capability=cc,
-        unified_memory=False,
-        pci_bus_id="00000000:01:00.0",
-        source="nvml",
-    )
 
 
 RTX4090 = nvidia(24564, "NVIDIA GeForce RTX 4090")  # what NVML reports for a 24 GiB card
@@ -159,8 +144,8 @@ def test_weights_and_kv_per_token_from_the_headers(models: dict[str, Safetensors
     assert kv_bytes_per_token(qwen) * 28 == 28 * 4 * 128 * 2 * 2 == 56 * 1024
     assert kv_bytes_per_token(llama, kv_cache_dtype="fp8") * 32 == 64 * 1024
     assert kv_bytes_per_token(llama, tensor_parallel=2) * 32 == 64 * 1024  # 4 KV heads per GPU
-    assert kv_request_bytes(llama, engine="vllm", max_model_len=8192) == GIB
-    assert kv_request_bytes(qwen, engine="sglang", max_model_len=32768) == 32768 * 56 * 1024
+    assert kv_request_bytes(llama, engine=VLLM_SHARE, max_model_len=8192) == GIB
+    assert kv_request_bytes(qwen, engine=SGLANG_SHARE, max_model_len=32768) == 32768 * 56 * 1024
     assert activation_bytes(llama) == LLAMA_ACT
     # vLLM logged 1.26 GiB for this model at 8192 batched tokens; the estimate leans high, not low
     assert 1.26 * GIB < activation_bytes(llama, batch_tokens=8192) < 2 * GIB
@@ -172,28 +157,28 @@ def test_sliding_window_layers_are_capped_only_where_the_config_says_which(
     per_layer_token = 8 * 128 * 2 * 2
     full = 32 * 32768 * per_layer_token
     # no layer_types: every layer counted at full length, and the plan says so
-    assert kv_request_bytes(models["mistral"], engine="vllm", max_model_len=32768) == full == 4 * GIB
-    share = plan_gpu_share(models["mistral"], A100, engine="vllm", max_model_len=32768)
+    assert kv_request_bytes(models["mistral"], engine=VLLM_SHARE, max_model_len=32768) == full == 4 * GIB
+    share = plan_gpu_share(models["mistral"], A100, engine=VLLM_SHARE, max_model_len=32768)
     assert any("sliding_window 4096 but no layer_types" in n for n in share.notes)
     # every layer slides: window - 1 + batch tokens, in 16-token blocks, plus one block
     window_tokens = (math.ceil((4096 - 1 + 2048) / 16) + 1) * 16
     assert window_tokens == 6160
-    swa = kv_request_bytes(models["mistral-swa"], engine="vllm", max_model_len=32768)
+    swa = kv_request_bytes(models["mistral-swa"], engine=VLLM_SHARE, max_model_len=32768)
     assert swa == 32 * window_tokens * per_layer_token == 807_403_520
-    assert kv_request_bytes(models["mistral-swa"], engine="vllm", max_model_len=4096) == (
+    assert kv_request_bytes(models["mistral-swa"], engine=VLLM_SHARE, max_model_len=4096) == (
         32 * (4096 // 16 + 1) * 16 * per_layer_token
     )
     # gemma-style pattern 2: layers 0, 2, 4, ... slide, every second one is full
-    alt = kv_request_bytes(models["mistral-alternating"], engine="vllm", max_model_len=32768)
+    alt = kv_request_bytes(models["mistral-alternating"], engine=VLLM_SHARE, max_model_len=32768)
     assert alt == 16 * 32768 * per_layer_token + 16 * window_tokens * per_layer_token
     # SGLang's pool has a slot per token in every layer
-    assert kv_request_bytes(models["mistral-swa"], engine="sglang", max_model_len=32768) == full
-    more = plan_gpu_share(models["mistral-swa"], A100, engine="vllm", max_model_len=32768)
+    assert kv_request_bytes(models["mistral-swa"], engine=SGLANG_SHARE, max_model_len=32768) == full
+    more = plan_gpu_share(models["mistral-swa"], A100, engine=VLLM_SHARE, max_model_len=32768)
     assert more.concurrent_requests > 4 * share.concurrent_requests
 
 
 def test_llama3_8b_bf16_on_a_4090_with_vllm(models: dict[str, SafetensorsModel]) -> None:
-    share = plan_gpu_share(models["llama"], RTX4090, engine="vllm", max_model_len=8192)
+    share = plan_gpu_share(models["llama"], RTX4090, engine=VLLM_SHARE, max_model_len=8192)
     total = 24564 * MIB
     inside = LLAMA_WEIGHTS + LLAMA_ACT + WORKSPACE  # what --gpu-memory-utilization must hold besides KV
     outside = CUDA_CONTEXT + CUDA_GRAPHS  # the context and the CUDA graphs sit outside it
@@ -214,7 +199,7 @@ def test_llama3_8b_bf16_on_a_4090_with_vllm(models: dict[str, SafetensorsModel])
     assert share.device_use().total == share.card_bytes
     public = share.public()
     assert json.loads(json.dumps(public))["argv"][1] == "0.88" and public["concurrent_requests"] == 5
-    one = plan_gpu_share(models["llama"], RTX4090, engine="vllm", max_model_len=8192, concurrency=1)
+    one = plan_gpu_share(models["llama"], RTX4090, engine=VLLM_SHARE, max_model_len=8192, concurrency=1)
     assert one.fraction == math.ceil((inside + GIB) * 100 / total) / 100 == 0.71
 
 
@@ -222,7 +207,7 @@ def test_qwen_awq_on_a_4090_with_sglang(models: dict[str, SafetensorsModel]) -> 
     qwen = models["qwen"]
     assert qwen.weights is not None
     weights, per_token, total = qwen.weights.total_bytes, 28 * 4 * 128 * 2 * 2, 24564 * MIB
-    share = plan_gpu_share(qwen, RTX4090, engine="sglang", max_model_len=32768)
+    share = plan_gpu_share(qwen, RTX4090, engine=SGLANG_SHARE, max_model_len=32768)
     dynamic = QWEN_ACT + WORKSPACE + CUDA_GRAPHS  # from the (1 - F) rest: not in SGLang's static fraction
     room = usable(RTX4090) - CUDA_CONTEXT - dynamic - weights
     n = room // (32768 * per_token)
@@ -230,7 +215,7 @@ def test_qwen_awq_on_a_4090_with_sglang(models: dict[str, SafetensorsModel]) -> 
     assert share.max_total_tokens == 9 * 32768
     assert share.kv_cache == 9 * 32768 * per_token and share.concurrent_requests == 9
     free = total - CUDA_CONTEXT  # SGLang's fraction multiplies the memory free when it measures
-    pct = math.ceil((weights + share.kv_cache) * 100 / free) + SGLANG_FRACTION_SLACK
+    pct = math.ceil((weights + share.kv_cache) * 100 / free) + SGLANG_SHARE.fraction_slack
     assert share.fraction_basis == free and share.fraction == pct / 100 == 0.91
     assert share.fraction * free >= weights + share.kv_cache
     assert share.card_bytes == CUDA_CONTEXT + dynamic + weights + share.kv_cache <= usable(RTX4090)
@@ -239,7 +224,7 @@ def test_qwen_awq_on_a_4090_with_sglang(models: dict[str, SafetensorsModel]) -> 
         "--max-total-tokens", "294912", "--chunked-prefill-size", "2048", "--max-running-requests", "256",
     )  # fmt: skip
     # with another lane promised, SGLang will find less free memory, so the same bytes are a larger F
-    shared = plan_gpu_share(qwen, RTX4090, engine="sglang", max_model_len=32768, reserved_by_others=0.4)
+    shared = plan_gpu_share(qwen, RTX4090, engine=SGLANG_SHARE, max_model_len=32768, reserved_by_others=0.4)
     assert shared.fraction_basis == total - round(0.4 * total) - CUDA_CONTEXT
     assert shared.card_bytes <= usable(RTX4090) - round(0.4 * total)
     assert shared.concurrent_requests == (
@@ -248,18 +233,20 @@ def test_qwen_awq_on_a_4090_with_sglang(models: dict[str, SafetensorsModel]) -> 
 
 
 def test_fp8_kv_cache_halves_the_request_and_is_passed_on(models: dict[str, SafetensorsModel]) -> None:
-    v = plan_gpu_share(models["llama"], RTX4090, engine="vllm", max_model_len=8192, kv_cache_dtype="fp8")
+    v = plan_gpu_share(models["llama"], RTX4090, engine=VLLM_SHARE, max_model_len=8192, kv_cache_dtype="fp8")
     assert v.kv_per_request == GIB // 2 and v.argv[-2:] == ("--kv-cache-dtype", "fp8")
     assert v.concurrent_requests >= 10
-    s = plan_gpu_share(models["qwen"], RTX4090, engine="sglang", max_model_len=32768, kv_cache_dtype="fp8")
+    s = plan_gpu_share(
+        models["qwen"], RTX4090, engine=SGLANG_SHARE, max_model_len=32768, kv_cache_dtype="fp8"
+    )
     assert s.argv[-2:] == ("--kv-cache-dtype", "fp8_e4m3") and s.concurrent_requests >= 18
     with pytest.raises(SettingsError, match="kv_cache_dtype 'q4_0' is unknown"):
-        plan_gpu_share(models["llama"], RTX4090, engine="vllm", max_model_len=8192, kv_cache_dtype="q4_0")
+        plan_gpu_share(models["llama"], RTX4090, engine=VLLM_SHARE, max_model_len=8192, kv_cache_dtype="q4_0")
 
 
 def test_refusal_on_a_16_gib_card_states_the_numbers(models: dict[str, SafetensorsModel]) -> None:
     with pytest.raises(GPUShareRefused) as caught:
-        plan_gpu_share(models["llama"], RTX4060TI, engine="vllm", max_model_len=8192)
+        plan_gpu_share(models["llama"], RTX4060TI, engine=VLLM_SHARE, max_model_len=8192)
     err = caught.value
     assert isinstance(err, ModelTooLargeError) and err.code == "model_does_not_fit"
     msg = err.message
@@ -271,7 +258,7 @@ def test_refusal_on_a_16_gib_card_states_the_numbers(models: dict[str, Safetenso
     assert r.needed > r.available == usable(RTX4060TI) and r.suggested_max_model_len is None
     assert dict(r.needs)["weights"] == LLAMA_WEIGHTS
     # the 4-bit build of a 7B model fits the same card, with room for several 32k requests
-    share = plan_gpu_share(models["qwen"], RTX4060TI, engine="vllm", max_model_len=32768)
+    share = plan_gpu_share(models["qwen"], RTX4060TI, engine=VLLM_SHARE, max_model_len=32768)
     assert share.concurrent_requests >= 3 and share.card_bytes <= usable(RTX4060TI)
 
 
@@ -284,7 +271,7 @@ def test_refusal_after_a_promise_suggests_a_shorter_context(models: dict[str, Sa
         plan_gpu_share(
             qwen,
             RTX4090,
-            engine="vllm",
+            engine=VLLM_SHARE,
             max_model_len=32768,
             reserved_by_others=0.6,
             reserved_for="lane llama-3-8b",
@@ -299,14 +286,14 @@ def test_refusal_after_a_promise_suggests_a_shorter_context(models: dict[str, Sa
     longest = room // (28 * 4 * 128 * 2 * 2) // 1024 * 1024  # in whole 1024-token steps
     assert longest == 22528 and caught.value.refusal.suggested_max_model_len == 22528
     assert "try --max-model-len 22528 or --kv-cache-dtype fp8" in msg
-    ok = plan_gpu_share(qwen, RTX4090, engine="vllm", max_model_len=22528, reserved_by_others=0.6)
+    ok = plan_gpu_share(qwen, RTX4090, engine=VLLM_SHARE, max_model_len=22528, reserved_by_others=0.6)
     assert ok.concurrent_requests == 1 and ok.card_bytes <= left
 
 
 def test_a_card_of_unknown_size_is_refused(models: dict[str, SafetensorsModel]) -> None:
     blind = GPUInfo(0, "nvidia", "NVIDIA ?", None, None, None, None, None, False, None, "sysfs")
     with pytest.raises(GPUShareRefused, match=r"memory size of GPU0 .* is unknown"):
-        plan_gpu_share(models["llama"], blind, engine="vllm", max_model_len=8192)
+        plan_gpu_share(models["llama"], blind, engine=VLLM_SHARE, max_model_len=8192)
 
 
 def test_tensor_parallel_sizes(models: dict[str, SafetensorsModel]) -> None:
@@ -327,11 +314,11 @@ def test_tensor_parallel_sizes(models: dict[str, SafetensorsModel]) -> None:
     with pytest.raises(
         SettingsError, match=r"size 3 does not divide .* 32 attention heads; use one of 1, 2, 4, 8"
     ):
-        plan_gpu_share(llama, RTX4090, engine="vllm", max_model_len=8192, tensor_parallel=3)
+        plan_gpu_share(llama, RTX4090, engine=VLLM_SHARE, max_model_len=8192, tensor_parallel=3)
 
 
 def test_tensor_parallel_splits_weights_and_kv_per_gpu(models: dict[str, SafetensorsModel]) -> None:
-    share = plan_gpu_share(models["llama"], RTX4090, engine="vllm", max_model_len=8192, tensor_parallel=2)
+    share = plan_gpu_share(models["llama"], RTX4090, engine=VLLM_SHARE, max_model_len=8192, tensor_parallel=2)
     assert share.weights == LLAMA_WEIGHTS // 2 and share.kv_per_request == GIB // 2
     assert share.context == CUDA_CONTEXT + NCCL_BUFFERS
     assert share.argv[4:6] == ("--tensor-parallel-size", "2")
@@ -341,8 +328,8 @@ def test_tensor_parallel_splits_weights_and_kv_per_gpu(models: dict[str, Safeten
 
 def test_two_lanes_share_an_80_gib_card(models: dict[str, SafetensorsModel]) -> None:
     lanes = [
-        ShareRequest(models["llama"], "vllm", 8192, name="llama"),
-        ShareRequest(models["qwen"], "sglang", 32768, name="qwen"),
+        ShareRequest(models["llama"], VLLM_SHARE, 8192, name="llama"),
+        ShareRequest(models["qwen"], SGLANG_SHARE, 32768, name="qwen"),
     ]
     llama, qwen = split_card(A100, lanes)
     total = 81920 * MIB
@@ -370,8 +357,8 @@ def test_a_lane_with_fixed_concurrency_leaves_the_rest_to_the_other(
     models: dict[str, SafetensorsModel],
 ) -> None:
     lanes = [
-        ShareRequest(models["llama"], "vllm", 8192, name="llama", concurrency=2),
-        ShareRequest(models["qwen"], "sglang", 32768, name="qwen"),
+        ShareRequest(models["llama"], VLLM_SHARE, 8192, name="llama", concurrency=2),
+        ShareRequest(models["qwen"], SGLANG_SHARE, 32768, name="qwen"),
     ]
     llama, qwen = split_card(H100, lanes)
     assert llama.concurrent_requests == 2
@@ -382,8 +369,8 @@ def test_a_lane_with_fixed_concurrency_leaves_the_rest_to_the_other(
 
 def test_two_lanes_that_do_not_fit_are_refused_with_the_numbers(models: dict[str, SafetensorsModel]) -> None:
     lanes = [
-        ShareRequest(models["llama"], "vllm", 8192, name="chat"),
-        ShareRequest(models["llama"], "vllm", 8192, name="code"),
+        ShareRequest(models["llama"], VLLM_SHARE, 8192, name="chat"),
+        ShareRequest(models["llama"], VLLM_SHARE, 8192, name="code"),
     ]
     with pytest.raises(GPUShareRefused) as caught:
         split_card(RTX4090, lanes)
@@ -405,7 +392,7 @@ def test_small_model_folder_on_an_older_card(tmp_path: Path) -> None:
     model = read_safetensors_dir(tmp_path / "tiny")
     assert isinstance(model, SafetensorsModel)
     t4 = nvidia(15360, "Tesla T4", cc="7.5")
-    share = plan_gpu_share(model, t4, engine="vllm", max_model_len=4096, concurrency=4)
+    share = plan_gpu_share(model, t4, engine=VLLM_SHARE, max_model_len=4096, concurrency=4)
     assert share.concurrent_requests == 4 and share.argv[-2:] == ("--dtype", "half")  # no bf16 below sm80
     assert any("bf16 weights run as fp16" in n for n in share.notes)
     assert any("longer than the model's 2048 positions" in n for n in share.notes)

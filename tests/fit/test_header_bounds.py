@@ -11,12 +11,14 @@ import pytest
 from app.core.errors import ModelBrokenError
 from app.core.settings import Settings
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
-from app.hardware.model import Bandwidth, CPUInfo, Hardware, MemoryInfo
 from app.lanes.engines.llamacpp.kind import MAX_AUTO_SLOT_CTX, fit_for, plan_params, requested_ctx
 from app.library.model import ModelEntry
+from tests.support.machines import machine
 from tests.support.tinymodels import TinySpec, write_tiny_gguf
 
 GIB = 1 << 30
+# this kind of machine: 24 GiB (20 available), 2 cores, no GPU
+THIS_MACHINE = machine(ram_gib=24, available_gib=20, cores=2, threads=2, all_cores_gib=40)
 
 
 def _entry(tmp_path: Path, trained: int) -> ModelEntry:
@@ -26,29 +28,9 @@ def _entry(tmp_path: Path, trained: int) -> ModelEntry:
     return ModelEntry("hostile", path, facts, None, (path,))
 
 
-def _machine() -> Hardware:
-    """This kind of machine: 24 GiB, 2 cores, no GPU."""
-    return Hardware(
-        os="linux",
-        arch="x86_64",
-        cpu=CPUInfo(
-            model_name="test cpu",
-            physical_cores=2,
-            logical_cores=2,
-            usable_cores=2,
-            cgroup_quota_cores=None,
-            flags=("avx2",),
-        ),
-        memory=MemoryInfo(total=24 * GIB, available=20 * GIB, swap_total=0, swap_free=0, cgroup_limit=None),
-        gpus=(),
-        engine_devices=(),
-        bandwidth=Bandwidth(single_core=20 * GIB, all_cores=40 * GIB, threads=2, measured_at=0.0),
-    )
-
-
 def test_a_trained_context_no_model_has_is_refused_with_the_numbers(tmp_path: Path) -> None:
     entry = _entry(tmp_path, 2**32 - 1)
-    report = fit_for(entry, Settings(), hardware=_machine())
+    report = fit_for(entry, Settings(), hardware=THIS_MACHINE)
     assert isinstance(report, GGUFProblem) and "4294967295" in report.reason and "ctx_size" in report.reason
     with pytest.raises(ModelBrokenError, match="4294967295 tokens") as e:
         plan_params(entry, Settings())  # what a start without a plan runs: refused before any engine

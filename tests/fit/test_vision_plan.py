@@ -19,14 +19,16 @@ from app.advice.inputs import AdviceInputs
 from app.core.settings import Settings
 from app.core.units import fmt_bytes
 from app.fit.memory import FitParams, breakdown, projector_on_gpu
-from app.fit.plan import GIB, Budget, plan_placements
+from app.fit.plan import Budget, plan_placements
 from app.formats.gguf_layout import GGUFLayout, read_gguf_layout
 from app.formats.gguf_meta import GGUFFacts, GGUFProblem, read_gguf
-from app.hardware.model import Bandwidth, CPUInfo, GPUInfo, Hardware, MemoryInfo
+from app.hardware.model import Hardware
 from app.lanes.engines.llamacpp.kind import LlamaCppKind, fit_for, plan_params
 from app.library.model import ModelEntry
 from app.library.pairing import vision_projector
 from app.server.surfaces.ollama.translate import show
+from tests.support.machines import machine as a_machine
+from tests.support.machines import nvidia
 from tests.support.tinymodels import write_tiny_gguf
 from tests.support.visiongen import VisionSpec, write_tiny_mmproj
 
@@ -34,40 +36,9 @@ MIB = 1 << 20
 
 
 def machine(*, gpus: int) -> Hardware:
-    """64 GiB of RAM and `gpus` 24 GiB NVIDIA cards."""
-    ram = 64 * GIB
-    cards = tuple(
-        GPUInfo(
-            index=i,
-            vendor="nvidia",
-            name="NVIDIA GeForce RTX 4090",
-            memory_total=24 * GIB,
-            memory_free=23 * GIB,
-            memory_used=1 * GIB,
-            driver_version="550.54.15",
-            compute_capability="8.9",
-            unified_memory=False,
-            pci_bus_id=f"00000000:0{i + 1}:00.0",
-            source="nvml",
-        )
-        for i in range(gpus)
-    )
-    return Hardware(
-        os="linux",
-        arch="x86_64",
-        cpu=CPUInfo(
-            model_name="test cpu",
-            physical_cores=8,
-            logical_cores=16,
-            usable_cores=16,
-            cgroup_quota_cores=None,
-            flags=("avx2",),
-        ),
-        memory=MemoryInfo(total=ram, available=ram, swap_total=0, swap_free=0, cgroup_limit=None),
-        gpus=cards,
-        engine_devices=(),
-        bandwidth=Bandwidth(single_core=20 * GIB, all_cores=80 * GIB, threads=16, measured_at=0.0),
-    )
+    """64 GiB of RAM and `gpus` 24 GiB NVIDIA cards (23 GiB free each)."""
+    cards = tuple(nvidia(24 * 1024, index=i, free_mib=23 * 1024) for i in range(gpus))
+    return a_machine(ram_gib=64, gpus=cards)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """The vLLM and SGLang lanes (NVIDIA GPUs): their command lines, environment and memory share.
 
-The share comes from app/fit/gpu_share.py: the memory flag (vLLM --gpu-memory-utilization, SGLang
---mem-fraction-static) is derived from the plan so two GPU lanes can share one card; the context length,
-the batch and sequence limits and the KV dtype are pinned to what the plan assumed. Tensor parallel spans
-as many NVIDIA cards as the model's attention and KV heads allow. Nothing here runs without a CUDA GPU:
-bench/gpu_check.py starts both for real where one is present.
+The share is planned by app/fit/gpu_share.py with the rule each kind declares here (`share`, below): the
+memory flag (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static) is derived from the plan so two
+GPU lanes can share one card; the context length, the batch and sequence limits and the KV dtype are
+pinned to what the plan assumed. Tensor parallel spans as many NVIDIA cards as the model's attention and
+KV heads allow. Nothing here runs without a CUDA GPU: bench/gpu_check.py starts both for real where one
+is present.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from app.core.errors import EngineUnavailableError
 from app.core.frozen import module_argv
 from app.core.paths import Paths
 from app.core.settings import Settings
-from app.fit.gpu_share import Engine, plan_gpu_share, valid_tensor_parallel
+from app.fit.gpu_share import ShareRule, plan_gpu_share, valid_tensor_parallel
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.build_choice import BuildRule
 from app.hardware.model import GPUInfo, Hardware
@@ -36,6 +37,53 @@ from app.routing.model import LaneInstall
 from app.routing.traits import CUDA_MIN_CC
 
 DEFAULT_MAX_LEN_CAP = 32768  # the window asked for when none is set: long enough, and KV stays bounded
+
+# vLLM, --gpu-memory-utilization F: it refuses to start unless the free memory is at least F x the card's
+# TOTAL; it loads the weights, profiles one forward pass of --max-num-batched-tokens tokens (and a sampler
+# pass over --max-num-seqs sequences), and what of F x total is left after weights, the activation peak
+# and non-torch allocations (cuBLAS workspaces) becomes KV cache, in blocks of 16 tokens (its block size on
+# CUDA). Its CUDA context and NCCL buffers exist before it measures and its CUDA graphs are captured after
+# the KV cache (its log: the profile "does not consider CUDAGraph memory"), so all three sit outside F.
+# Sliding-window layers keep only `window - 1 + max_num_batched_tokens` tokens (+1 block) per request.
+# It refuses bf16 below compute capability 8.0 unless told --dtype half.
+VLLM_SHARE = ShareRule(
+    name="vllm",
+    basis="total",
+    activations_inside=True,
+    kv_block_tokens=16,
+    batch_covers_seqs=True,
+    fraction_flag="--gpu-memory-utilization",
+    length_flag="--max-model-len",
+    tp_flag="--tensor-parallel-size",
+    batch_flag="--max-num-batched-tokens",
+    seqs_flag="--max-num-seqs",
+    pool_flag=None,
+    kv_dtype_flag="--kv-cache-dtype",
+    kv_dtypes=(("fp8", "fp8"), ("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")),
+    half_flags=("--dtype", "half"),
+)
+# SGLang, --mem-fraction-static F: F applies to the memory free when it measures (after its CUDA context
+# and NCCL, before the weights); the KV pool gets F x free - weights, activations and CUDA graphs the rest.
+# --max-total-tokens caps the pool at the planned size when the card is emptier than planned. Every layer
+# is counted at full length (its pool does that except for a few hybrid sliding-window models). It
+# switches bf16 to fp16 by itself on older cards. One percent is added to F: its profile counts in float
+# GiB after load-time buffers, and the pool is capped anyway.
+SGLANG_SHARE = ShareRule(
+    name="sglang",
+    basis="free",
+    activations_inside=False,
+    kv_block_tokens=None,
+    batch_covers_seqs=False,
+    fraction_flag="--mem-fraction-static",
+    length_flag="--context-length",
+    tp_flag="--tp-size",
+    batch_flag="--chunked-prefill-size",
+    seqs_flag="--max-running-requests",
+    pool_flag="--max-total-tokens",
+    kv_dtype_flag="--kv-cache-dtype",
+    kv_dtypes=(("fp8", "fp8_e4m3"), ("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")),
+    fraction_slack=1,
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +102,8 @@ def nvidia_cards(hardware: Hardware | None) -> list[GPUInfo]:
     return [g for g in (hardware.gpus if hardware else ()) if g.vendor == "nvidia" and g.memory_total]
 
 
-def _cc(gpu: GPUInfo) -> tuple[int, int]:
+def compute_capability(gpu: GPUInfo) -> tuple[int, int]:
+    """An NVIDIA card's compute capability as (major, minor); (0, 0) where the driver gave none."""
     try:
         major, minor = (gpu.compute_capability or "0.0").split(".")[:2]
         return int(major), int(minor)
@@ -68,7 +117,7 @@ def cuda_refusal(hardware: Hardware | None) -> str | None:
     cards = nvidia_cards(hardware)
     if not cards:
         return "it needs an NVIDIA GPU with CUDA, and none was found"
-    if all(_cc(g) < CUDA_MIN_CC for g in cards):
+    if all(compute_capability(g) < CUDA_MIN_CC for g in cards):
         return f"it needs compute capability {CUDA_MIN_CC[0]}.{CUDA_MIN_CC[1]} or newer (Volta)"
     return None
 
@@ -95,7 +144,7 @@ def cuda_plan(
     """The command for `model` on vLLM or SGLang. Raises GPUShareRefused (a ModelTooLargeError) with the
     numbers when the card cannot hold it next to what other lanes were promised."""
     cards = sorted(nvidia_cards(hardware), key=lambda g: -(g.memory_total or 0))
-    cards = [g for g in cards if _cc(g) >= CUDA_MIN_CC]
+    cards = [g for g in cards if compute_capability(g) >= CUDA_MIN_CC]
     if not cards or model.path is None:
         raise EngineUnavailableError(f"cannot start {model_id!r} on {engine}: {cuda_refusal(hardware)}")
     tp = valid_tensor_parallel(model, len(cards))
@@ -106,7 +155,7 @@ def cuda_plan(
     share = plan_gpu_share(
         model,
         gpu,
-        engine="vllm" if engine == "vllm" else "sglang",
+        engine=share_rule(engine),
         max_model_len=length,
         reserved_by_others=min(0.99, promised / (gpu.memory_total or 1)),
         reserved_for="the GPU lanes already loaded",
@@ -169,7 +218,10 @@ def cuda_plan(
 class CudaKind(PythonEngineKind):
     """vLLM or SGLang: a Python package in its own engine environment (the base's install and refusal),
     started as the engine's own server with a GPU share planned beside the other GPU lanes, so `build`
-    needs the hardware and what is promised already, which the base's `launch` does not get."""
+    needs the hardware and what is promised already, which the base's `launch` does not get. `share` is
+    how its engine takes a share of a card (app/fit/gpu_share.py plans with it)."""
+
+    share: ShareRule
 
     def install(self, settings: Settings) -> LaneInstall:
         # the package, else (runtime auto, docker or podman) the upstream image (lanes/install/runtimes.py)
@@ -234,8 +286,9 @@ class CudaKind(PythonEngineKind):
         return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
 
 
-def _cuda_kind(lane: str, title: str) -> CudaKind:
+def _cuda_kind(lane: str, title: str, share: ShareRule) -> CudaKind:
     return CudaKind(
+        share=share,
         lane=lane,
         title=title,
         runtime=lane,
@@ -252,7 +305,15 @@ def _cuda_kind(lane: str, title: str) -> CudaKind:
     )
 
 
-VLLM = _cuda_kind("vllm", "vLLM")
-SGLANG = _cuda_kind("sglang", "SGLang")
-# the kinds whose memory is a share of the card (app/fit/gpu_share.py models each), as explain shows them
-SHARE_ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
+VLLM = _cuda_kind("vllm", "vLLM", VLLM_SHARE)
+SGLANG = _cuda_kind("sglang", "SGLang", SGLANG_SHARE)
+# the rules of the kinds whose memory is a share of the card, as explain shows them
+SHARE_ENGINES: tuple[ShareRule, ...] = (VLLM.share, SGLANG.share)
+
+
+def share_rule(lane: str) -> ShareRule:
+    """The share rule of a GPU-share lane (vllm, sglang)."""
+    rule = next((k.share for k in (VLLM, SGLANG) if k.lane == lane), None)
+    if rule is None:
+        raise EngineUnavailableError(f"{lane!r} is not a GPU-share lane; use one of vllm, sglang")
+    return rule

@@ -120,11 +120,8 @@ def test_each_setting_key_belongs_to_one_kind() -> None:
 
 # ---- the folder rule: no lane names outside app/lanes/engines/ -------------------------------------
 # app/routing/ is the lane-id vocabulary (titles, install hints, which lanes a format routes to): pure code
-# under app/lanes that cannot ask a kind. The files below still name lanes; each says why, and the last
-# test fails once one no longer does, so the list only shrinks.
-STILL_NAMING = {
-    "app/fit/gpu_share.py": "its two memory models are named after the engines they model (under lanes)",
-}
+# under app/lanes that cannot ask a kind. Everything else asks a kind (app/fit/gpu_share.py plans with the
+# ShareRule a kind declares), with no file excepted.
 FORMAT_NAMES = {m.value for m in ModelKind}
 
 
@@ -182,11 +179,7 @@ def _outside_engines() -> list[Path]:
 
 
 def test_no_lane_names_outside_the_engines() -> None:
-    found = {
-        str(p.relative_to(REPO)): hits
-        for p in _outside_engines()
-        if (hits := lane_names_in(p)) and str(p.relative_to(REPO)) not in STILL_NAMING
-    }
+    found = {str(p.relative_to(REPO)): hits for p in _outside_engines() if (hits := lane_names_in(p))}
     assert found == {}, "ask the kind (api_style, draft, predict, setting_keys) or the registry instead"
 
 
@@ -208,11 +201,6 @@ def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
         "5: a dict keyed by ['vllm']",
         "6: indexes by ['llama.cpp']",
     ]
-
-
-def test_the_files_still_naming_lanes_still_do() -> None:
-    """Each exception is real: once a file stops naming lanes, it leaves STILL_NAMING."""
-    assert {f: lane_names_in(REPO / f) != [] for f in STILL_NAMING} == dict.fromkeys(STILL_NAMING, True)
 
 
 def test_every_kind_with_a_worker_builds_its_params() -> None:
