@@ -52,7 +52,8 @@ def _leave_like(returncode: int) -> int:
     if returncode >= 0:
         return returncode
     sig = -returncode
-    signal.signal(sig, signal.SIG_DFL)
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset (EINVAL)
+        signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     return 128 + sig  # only reached for a signal that does not end a process
 

@@ -224,6 +224,22 @@ def test_a_stop_through_the_guard_ends_the_engine_as_the_engine_ended(tmp_path: 
     assert done.returncode == 7
 
 
+def test_an_engine_killed_outright_is_reported_as_killed_by_the_guard() -> None:
+    """An engine ended by SIGKILL (an OOM kill, a user's kill -9): the guard ends the same way, with no
+    traceback (SIGKILL has no handler to reset; setting one raised EINVAL and the guard exited 1)."""
+    head = [sys.executable, "-m", "app.lanes.guard", str(os.getpid()), "--"]
+    guard = subprocess.Popen(
+        [*head, "sleep", "605"], cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 20
+    while not psutil.Process(guard.pid).children():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    psutil.Process(guard.pid).children()[0].kill()
+    assert guard.wait(10) == -signal.SIGKILL
+    assert guard.stderr is not None and "Traceback" not in guard.stderr.read()
+
+
 def test_a_stop_that_comes_while_the_engine_starts_still_ends_it() -> None:
     """A group stop that reaches the engine between fork and exec is lost at exec (it was taken by the
     handler inherited from the guard): the guard sends it once more once the engine runs. Here the stop
