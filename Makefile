@@ -12,6 +12,8 @@ DEBIAN_TEST_PACKAGES ?= xvfb libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0 li
 DEBIAN_TEST_PACKAGES += wine wine64 libwine fonts-wine gcc-mingw-w64-x86-64 unzip nsis fonts-dejavu-core
 # the dashboard in a real browser (tests/server/dashboard/test_browser.py); the SSRF test's network namespace (ip)
 DEBIAN_TEST_PACKAGES += chromium chromium-driver iproute2 util-linux
+# the split lane's tier (tests/lanes/peers/test_split_serve.py): llama.cpp's RPC pair built from source once
+DEBIAN_TEST_PACKAGES += cmake ninja-build g++ curl
 PYTEST_ARGS ?=
 # `make run PORT=8687` (or `make serve PORT=0` for any free one): the port the headless server binds;
 # unset, the settings' port (8686 by default). Only a PORT given to make counts, not one a shell happens
@@ -24,7 +26,7 @@ PYTEST_WORKERS ?= 2
 PYTEST_MARK ?=
 QT_MARK = qt$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))
 
-.PHONY: run serve test lint format typecheck pytest test-fast bench clean venv debian-deps package deb tarball \
+.PHONY: rpc-build run serve test lint format typecheck pytest test-fast bench clean venv debian-deps package deb tarball \
 	test-windows
 
 $(PY):
@@ -68,7 +70,12 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy app
 
-pytest: $(STAMP) debian-deps
+# llama.cpp's RPC pair for the split lane: built once per machine into ~/.cache/switchyard-rpc (about 30
+# minutes on two cores the first time, nothing after)
+rpc-build: debian-deps
+	@scripts/build-llama-rpc.sh
+
+pytest: $(STAMP) debian-deps rpc-build
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 -m "not qt and not serial$(if $(PYTEST_MARK), and ($(PYTEST_MARK)))" $(PYTEST_ARGS)
 	@# the tests that measure speed, alone on the machine (not beside the heavy tiers of the other worker);
 	@# exit 5 is "none selected" (PYTEST_ARGS naming other files)

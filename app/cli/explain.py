@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,11 @@ def register(sub: Subparsers) -> None:
     ex.add_argument("--parallel", type=int, help="evaluate with this many slots")
     ex.add_argument("--kv-type", choices=KV_TYPES, help="evaluate with this KV cache type")
     ex.add_argument("--gpu-layers", type=int, help="evaluate this many GPU layers instead of searching")
+    ex.add_argument(
+        "--across",
+        metavar="PEER[,PEER]",
+        help="plan a split of this GGUF over this machine and these paired peers (asks the running server)",
+    )
     ex.add_argument("--url", help="ask this running server (default: the one recorded, if it answers)")
     ex.add_argument("--local", action="store_true", help="do not ask a running server")
     api_key_arg(ex)
@@ -44,6 +50,10 @@ def _local(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
 
 
 def _asked(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any] | None:
+    if args.across:  # peers are the running server's: only it can plan across them
+        server = ctx.server(args.url, api_key=args.api_key)
+        query = urllib.parse.urlencode({"across": args.across})
+        return dict(server.get(f"/api/models/{args.model}/explain?{query}", timeout=60))
     if args.local or Path(args.model).expanduser().exists():
         return None
     if any(getattr(args, k, None) is not None for k in _EVAL_FLAGS) or args.models_dirs:

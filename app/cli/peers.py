@@ -1,7 +1,9 @@
-"""`switchyard peers invite|add|ls|check|rm`: pair machines and serve each other's models as PEER/MODEL.
+"""`switchyard peers invite|add|ls|nearby|check|rm|trust`: pair machines, serve each other's models as
+PEER/MODEL.
 
-Every command goes through this machine's running server (started with `serve --tls`): the server holds
-the TLS site peers call, the pairing codes and the keys. See docs/peers.md.
+Every command but `trust` goes through this machine's running server (started with `serve --tls`): the
+server holds the TLS site peers call, the pairing codes and the keys. `trust` writes this machine's
+peers.json, which the server reads afresh. See docs/peers.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def register(sub: Subparsers) -> None:
         "--fingerprint", help="the certificate fingerprint shown there: pairing fails if another answers"
     )
     psub.add_parser("ls", help="list the peers, their state and models")
+    near = psub.add_parser("nearby", help="list machines nearby that announce Switchyard on mDNS (a hint)")
+    near.add_argument(
+        "--seconds", type=float, default=3.0, help="how long to listen for announcements (1-10, default 3)"
+    )
     chk = psub.add_parser("check", help="check a peer now: health, hardware, models (exit 1 unless ready)")
     chk.add_argument("name", help="the peer's name, as `switchyard peers ls` shows it")
     rm = psub.add_parser("rm", help="unpair: its models go, its key and certificate stop working")
@@ -36,9 +42,25 @@ def register(sub: Subparsers) -> None:
         q.add_argument("--url", dest="server_url", help="server address (default: the running server)")
         api_key_arg(q)
         q.add_argument("--json", action="store_true", help="machine-readable output")
+    # peers.json itself (read afresh by a running server), so no --url: it is this machine's own say
+    trust = psub.add_parser(
+        "trust", help="mark the network to a peer as yours: multi-node vLLM and SGLang may then use it"
+    )
+    trust.add_argument("name", help="the peer's name, as `switchyard peers ls` shows it")
+    which = trust.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--network",
+        dest="trusted_network",
+        action="store_true",
+        help="trusted: only you control it (their traffic between machines is not encrypted)",
+    )
+    which.add_argument("--no-network", dest="trusted_network", action="store_false", help="no longer trusted")
+    trust.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    if args.peers_command == "trust":
+        return _trust(args, ctx)
     server = ctx.running(args.server_url, api_key=args.api_key)
     if server is None:
         raise ServerNotRunningError(
@@ -67,6 +89,10 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         doc = server.get("/api/peers")
         if not args.json:
             print_table(doc)
+    elif cmd == "nearby":
+        doc = server.get(f"/api/peers/nearby?seconds={args.seconds:g}", timeout=args.seconds + 30)
+        if not args.json:
+            print_nearby(doc)
     elif cmd == "check":
         doc = server.call("POST", f"/api/peers/{_q(args.name)}/check", timeout=60)
         if not args.json:
@@ -82,6 +108,22 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     return 1 if cmd == "check" and doc["state"] != "ready" else 0
+
+
+def _trust(args: argparse.Namespace, ctx: CliContext) -> int:
+    from app.lanes.peers.store import PeerStore
+
+    spec = PeerStore(ctx.paths.home / "peers").set_trusted_network(args.name, args.trusted_network)
+    if args.json:
+        print(json.dumps({"name": spec.name, "trusted_network": spec.trusted_network}, indent=2))
+    elif spec.trusted_network:
+        print(
+            f"the network to {spec.name} is marked trusted: multi-node vLLM and SGLang may run across it "
+            "(what they send between machines is not encrypted; undo with --no-network)"
+        )
+    else:
+        print(f"the network to {spec.name} is no longer trusted: multi-node vLLM and SGLang will not use it")
+    return 0
 
 
 def _q(name: str) -> str:
@@ -117,3 +159,25 @@ def print_table(doc: dict[str, Any]) -> None:
     for p in doc["peers"]:
         if p.get("error"):
             print(f"  {p['name']}: {p['error']}")
+
+
+def print_nearby(doc: dict[str, Any]) -> None:
+    """Each machine found with its pairing line; the lines are hints: the code comes from that machine."""
+    machines = doc["machines"]
+    if not machines:
+        print(
+            f"no machine announced Switchyard on mDNS within {doc['seconds']:g} s; on the other machine run "
+            "`switchyard peers invite` and type the address it shows (multicast may not cross this network)"
+        )
+        return
+    rows = [("MACHINE", "ADDRESS", "PAIRED AS")]
+    for m in machines:
+        rows.append((m["machine"], m["address"], m["paired"] or "-"))
+    table(rows)
+    unpaired = [m for m in machines if not m["paired"]]
+    if unpaired:
+        print("to pair, run `switchyard peers invite` there and type its code in place of CODE here:")
+        for m in unpaired:
+            print(f"  {m['add_command']}")
+        print("(announcements are not trusted: check that `peers invite` there shows the same fingerprint;")
+        print(" pairing fails unless the machine at that address has it, and needs the code shown there)")

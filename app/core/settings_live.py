@@ -35,6 +35,7 @@ SERVER_KEYS: dict[str, str] = {
     "monitor_interval_s": "the hardware monitor starts with the server",
     "log_ring_lines": "each lane's log ring is made when the lane first appears",
     "tracing_otlp_endpoint": "the span exporter is set up when the server starts",
+    "peers_announce": "the mDNS announcement starts and stops with the server's TLS site",
     "starter_model": "the library's sources are set when the server starts",
 }
 
@@ -109,7 +110,7 @@ def not_wired(settings: Settings, *, model_id: str | None = None) -> tuple[str, 
 
 
 # kept per model under the load body's names, not as a plan parameter of the same name
-_SET_KEYS = ("speculative", "lora")
+_SET_KEYS = ("speculative", "lora", "split")
 
 
 def effective(params: dict[str, Any] | None, settings: Settings, *, model_id: str) -> dict[str, Any]:

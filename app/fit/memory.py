@@ -166,8 +166,11 @@ def compute_bytes(layout: GGUFLayout, *, params: FitParams) -> int:
         attn += n_kv * ub * heads * f32
     ffn = ub * f32 * (2 * e + 3 * ff)
     per_layer = round(0.75 * ub * f32 * kv_dim) * max(0, layout.block_count - 2)
+    # through the FFN the graph allocator also keeps the residual stream and its norms live: three
+    # embedding widths with more than two layers, one with two (fitted on generated models, docs/fit.md)
+    carried = ub * f32 * ((3 * e + 10) if layout.block_count > 2 else (e + 8))
     outputs = (layout.vocab_size or 0) * f32 * params.parallel * 3
-    return mask + max(attn, ffn) + per_layer + outputs
+    return mask + max(attn + per_layer, ffn + carried) + outputs
 
 
 def split_weights(layout: GGUFLayout, *, gpu_layers: int) -> tuple[int, int]:

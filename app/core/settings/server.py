@@ -14,6 +14,7 @@ from app.core.tracing import check_endpoint
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8686
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+PEERS_ANNOUNCE = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,19 @@ class ServerSettings:
     start_server_with_app: bool = True
     # traces (docs/tracing.md): the OTLP/HTTP collector spans go to (its base URL); None: no tracing at all
     tracing_otlp_endpoint: str | None = None
+    # peers (docs/peers.md#finding-machines-nearby): announce this machine on mDNS while its TLS site is
+    # armed for pairing; auto: only when it serves beyond loopback (nobody else could dial it otherwise)
+    peers_announce: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (or 0 for any free port)")
         if self.event_loop not in EVENT_LOOPS:
             raise SettingsError("event_loop must be auto, asyncio or uvloop")
+        if self.peers_announce not in PEERS_ANNOUNCE:
+            raise SettingsError(
+                "peers_announce must be auto (announce on mDNS when serving beyond loopback), on or off"
+            )
         if self.tracing_otlp_endpoint is not None and (why := check_endpoint(self.tracing_otlp_endpoint)):
             raise SettingsError(f"tracing_otlp_endpoint {why}; or remove it to turn tracing off")
 

@@ -33,7 +33,7 @@ from app.core.events import EventBus
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
 from app.core.vault import Secret
-from app.lanes.peers import identity, pairing
+from app.lanes.peers import identity, pairing, rpc
 from app.lanes.peers.store import PeerSpec, PeerStore, check_name, suggest_name
 from app.lanes.remote.lane import Remote, RemoteState, describe
 from app.lanes.remote.registry import RemoteRegistry
@@ -107,6 +107,7 @@ class PeerRegistry:
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._info: dict[str, dict[str, Any]] = {}  # each peer's last /peer/info: its own probe, its models
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.workers = rpc.RpcWorkers(logs=paths.lane_logs)  # the RPC workers this machine lends peers
 
     # ---- life ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> PeerRegistry:
@@ -122,6 +123,7 @@ class PeerRegistry:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.workers.close()
         for task in list(self._tasks):
             task.cancel()
         for name in list(self._sessions):
@@ -371,6 +373,15 @@ class PeerRegistry:
     def get(self, name: str) -> PeerSpec:
         return self.store.get(name)
 
+    def session(self, name: str) -> aiohttp.ClientSession:
+        """The pinned mutual-TLS session to a peer (for the split lane's tunnels)."""
+        try:
+            return self._sessions[name]
+        except KeyError:
+            raise PeerUnavailableError(
+                f"peer {name!r} is not paired with this machine (`switchyard peers ls`)"
+            ) from None
+
     async def check(self, name: str) -> dict[str, Any]:
         """Health now, and the peer's own hardware probe and models."""
         spec = self.store.get(name)
@@ -390,8 +401,8 @@ class PeerRegistry:
 
     async def ask(self, name: str, method: str, path: str) -> Any:
         """One call to a peer's /peer/... routes over the pinned link, with its key."""
+        session = self.session(name)
         remote = self.remotes.get(name)
-        session = self._sessions[name]
         try:
             async with session.request(
                 method,
@@ -415,6 +426,7 @@ class PeerRegistry:
             with contextlib.suppress(PeerUnavailableError):
                 await self.ask(name, "DELETE", LINK_PATH)
         await self._detach(name)
+        await self.workers.stop_peer(name)  # what it borrowed here ends with the pairing
         self._info.pop(name, None)
         await asyncio.to_thread(self.store.remove, name)
         await asyncio.to_thread(self._revoke, spec.issued_key)
@@ -432,6 +444,9 @@ class PeerRegistry:
             "key": self.store.key(spec.name)[1],
             "hardware": self._info.get(spec.name, {}).get("hardware"),  # from the peer's own probe
             "hardware_at": self._info.get(spec.name, {}).get("at"),
+            # the user's word that the network to it is trusted (multi-node vLLM/SGLang traffic is plain)
+            "trusted_network": spec.trusted_network,
+            "rpc": self._info.get(spec.name, {}).get("rpc"),  # the RPC build it lends a split, if any
         }
         if remote is not None:
             pub = remote.public()

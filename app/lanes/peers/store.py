@@ -2,7 +2,8 @@
 
 Per peer the file holds: its name (its models are served as NAME/MODEL), the API root it is called at,
 its server certificate (pinned: the only one trusted for it), the fingerprint of its client certificate
-(the only one its requests are accepted with), and the name of the key this server issued to it. The key
+(the only one its requests are accepted with), the name of the key this server issued to it, and whether
+the user marked the network to it as trusted (`switchyard peers trust NAME --network`). The key
 the peer issued to this server goes to the system keyring (user "peer:NAME"), or, where there is none,
 this process's memory (headless Linux: the pairing then lasts as long as the server; pair again after a
 restart). Changes are locked read-modify-writes (app/core/statefile.py).
@@ -34,6 +35,9 @@ class PeerSpec(Public):
     issued_key: str  # the name of the key in this server's keys.json that the peer calls with
     key_kept: str | None = None  # where the peer's key to us went: "keyring" or "session"
     paired_at: float = 0.0
+    # the user said the network to this peer is theirs: multi-node vLLM/SGLang may use it (their traffic
+    # between machines is unencrypted: app/lanes/engines/multinode.py); absent in older files: False
+    trusted_network: bool = False
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PeerSpec:
@@ -92,6 +96,24 @@ class PeerStore(statefile.NamedRecords[PeerSpec]):
         gone = self._drop(name)
         self.vault.forget(self.keyring_user(name))
         return gone
+
+    def set_trusted_network(self, name: str, trusted: bool) -> PeerSpec:
+        """Mark (or unmark) the network to peer `name` as trusted; PeerNotFoundError naming the peers."""
+        changed: list[PeerSpec] = []
+
+        def mark(specs: list[PeerSpec]) -> list[PeerSpec]:
+            out = []
+            for s in specs:
+                if s.name == name:
+                    s = dataclasses.replace(s, trusted_network=trusted)
+                    changed.append(s)
+                out.append(s)
+            if not changed:
+                raise self.missing(name, specs)
+            return out
+
+        self._update(mark)
+        return changed[0]
 
     def key(self, name: str) -> tuple[Secret | None, str | None]:
         value, where, _ = self.vault.find(self.keyring_user(name))

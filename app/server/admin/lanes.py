@@ -7,8 +7,9 @@ from typing import Any
 from aiohttp import web
 
 from app import __version__
+from app.core.errors import ModelNotFoundError
 from app.server.admin.events import event_stream
-from app.server.admin.peers import explained_on_peer
+from app.server.admin.peers import explained_on_peer, split_explained
 from app.server.admin.settings import lane_view, load_with_body
 from app.server.gateway.request_input import parse_json_object, query_int
 from app.server.keys import GATEWAY, RUNTIME
@@ -113,8 +114,22 @@ async def explain_model(request: web.Request) -> web.Response:
     request[MODEL] = model
     if (on_peer := await explained_on_peer(request, model)) is not None:  # PEER/MODEL: that machine's plan
         return web.json_response(on_peer)
-    found = await rt.explain(model)
-    return web.json_response(found.public())
+    placing = request.app[GATEWAY].placing
+    try:
+        found = await rt.explain(model)
+    except ModelNotFoundError:
+        placed = await placing.place(model, None)  # not here: a paired peer that has it, where it fits
+        on_peer = await explained_on_peer(request, placed.model_id) if placed is not None else None
+        if placed is None or on_peer is None:
+            raise
+        return web.json_response({**on_peer, "model": model, "placed": placed.public()})
+    doc = await split_explained(request, model, found.public())
+    entry = rt.catalog.find(model)
+    if entry is not None and (placed := await placing.place(model, entry)) is not None:
+        # requests for it go to that peer (gateway/placing.py): say so first
+        doc["placed"] = placed.public()
+        doc["decision_text"] = f"runs on peer {placed.peer!r}: {placed.why}\n{doc.get('decision_text', '')}"
+    return web.json_response(doc)
 
 
 @routes.get("/api/hardware")

@@ -1,7 +1,8 @@
 """/api/peers (this machine's admin API) and /peer/... (what paired peers call, over mutual TLS).
 
 - GET /api/peers, POST /api/peers/invite, POST /api/peers (pair with {"address", "code", "name"?,
-  "fingerprint"?}), GET|DELETE /api/peers/{name}, POST /api/peers/{name}/check.
+  "fingerprint"?}), GET|DELETE /api/peers/{name}, POST /api/peers/{name}/check, GET /api/peers/nearby
+  (machines that announce themselves on mDNS: app/lanes/peers/nearby.py, announced from `arm`).
 - POST /peer/pair: another machine redeeming a code (open: the code is its credential, and wrong codes
   lock pairing: app/lanes/peers/pairing.py). GET /peer/info and DELETE /peer/link: a paired peer only.
 
@@ -11,7 +12,9 @@ peer's pinned client certificate, and only for the API surfaces and /peer/ route
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -23,13 +26,24 @@ from app.core.errors import (
     BadRequestError,
     ModelNotFoundError,
     PeerNotTrustedError,
+    PeersNeedTLSError,
     PeerUnavailableError,
+    SwitchyardError,
 )
-from app.lanes.peers import identity
-from app.lanes.peers.registry import KEY_PREFIX, LINK_PATH, PAIR_PATH, Listening, PeerRegistry
+from app.fit import lend
+from app.lanes.peers import identity, nearby, rpc, split
+from app.lanes.peers.placement import Placer
+from app.lanes.peers.registry import (
+    KEY_PREFIX,
+    LINK_PATH,
+    PAIR_PATH,
+    Listening,
+    PeerRegistry,
+    split_address,
+)
 from app.lanes.peers.store import PeerSpec
-from app.server.auth import is_admin
-from app.server.keys import RUNTIME
+from app.server.auth import is_admin, is_loopback
+from app.server.keys import GATEWAY, RUNTIME
 from app.server.middleware import Handler
 from app.server.request_keys import CLIENT
 from app.server.surfaces.base import encoding_of
@@ -38,6 +52,8 @@ from app.server.surfaces.openai.validate import parse_body
 TAG = "Admin"  # the OpenAPI tag of its routes
 PEERS: web.AppKey[PeerRegistry] = web.AppKey("peers", PeerRegistry)
 PEER: web.RequestKey[PeerSpec] = web.RequestKey("peer", PeerSpec)
+SPLITS: web.AppKey[split.SplitBroker] = web.AppKey("splits", split.SplitBroker)
+ANNOUNCER: web.AppKey[nearby.Announcer] = web.AppKey("peers_announcer", nearby.Announcer)
 routes = web.RouteTableDef()
 
 
@@ -48,22 +64,72 @@ def setup(app: web.Application) -> None:
         rt = app[RUNTIME]
         async with PeerRegistry(rt.paths, bus=rt.bus, remotes=rt.remotes) as peers:
             app[PEERS] = peers
-            yield
+
+            def in_flight(model_id: str) -> int:
+                lane = rt.supervisor.lanes.get(model_id)
+                return lane.in_flight if lane is not None else 0
+
+            def report(model_id: str, why: str) -> None:
+                lane = rt.supervisor.lanes.get(model_id)
+                if lane is not None:  # the lane kills its head, fails the requests naming `why`, restarts
+                    lane.unresponsive(f"lost its split: {why}")
+
+            broker = split.SplitBroker(peers, in_flight=in_flight, unload=rt.supervisor.unload, report=report)
+            broker.register()
+            app[SPLITS] = broker
+            placing = app[GATEWAY].placing if GATEWAY in app else None
+            if placing is not None:  # a bare model id that cannot run here goes where it fits
+                placing.placer = Placer(peers)
+            try:
+                yield
+            finally:
+                if placing is not None:
+                    placing.placer = None
+                await broker.close()  # its heads stopped first, then the tunnels and the peers' workers
 
     app.cleanup_ctx.append(ctx)
+    app.cleanup_ctx.append(announcing)
     app.middlewares.append(pinned_peers)
     app.add_routes(routes)
 
 
+async def announcing(app: web.Application) -> AsyncIterator[None]:
+    """The mDNS responder's owner: its goodbyes go out when the server stops, whatever stopped it."""
+    announcer = nearby.Announcer()
+    app[ANNOUNCER] = announcer
+    yield
+    await announcer.aclose()
+
+
 def arm(app: web.Application, *, cert_pem: str, ctx: ssl.SSLContext, host: str, port: int) -> None:
-    """Once the TLS site listens: peers' client certificates are trusted on `ctx`, pairing can begin."""
-    app[PEERS].arm(Listening(server_pem=cert_pem, ctx=ctx, host=host, port=port))
+    """Once the TLS site listens: peers' client certificates are trusted on `ctx`, pairing can begin, and
+    the machine is announced on mDNS when `peers_announce` wants it."""
+    peers = app[PEERS]
+    peers.arm(Listening(server_pem=cert_pem, ctx=ctx, host=host, port=port))
+    if announce_wanted(app[RUNTIME].settings.server.peers_announce, host=host):
+        hosts = tuple(split_address(a)[0] for a in peers.addresses())
+        app[ANNOUNCER].announce(
+            nearby.Announcement(
+                machine=socket.gethostname(),
+                hosts=hosts,
+                port=port,
+                fingerprint=identity.fingerprint(cert_pem.encode()),
+                everywhere=host in ("", "0.0.0.0", "::"),
+            )
+        )
 
 
 def disarm(app: web.Application) -> None:
-    """The TLS site stopped (the window's Stop): pairing waits for the next TLS start."""
+    """The TLS site stopped (the window's Stop): pairing waits for the next TLS start, unannounced."""
     if PEERS in app:
         app[PEERS].disarm()
+    if ANNOUNCER in app:
+        app[ANNOUNCER].withdraw()
+
+
+def announce_wanted(mode: str, *, host: str) -> bool:
+    """`peers_announce`: auto announces only a server others can dial (bound beyond loopback)."""
+    return mode == "on" or (mode == "auto" and not is_loopback(host))
 
 
 @web.middleware
@@ -129,6 +195,46 @@ async def add_peer(request: web.Request) -> web.Response:
     return web.json_response(peers.describe(spec), status=201)
 
 
+@routes.get("/api/peers/nearby")  # before /api/peers/{name}, which would take the word as a name
+async def nearby_peers(request: web.Request) -> web.Response:
+    """Machines nearby that announce Switchyard on mDNS (?seconds=1-10, default 3): each with the peer it is
+    paired as, or the `peers add` line to type (a hint: pairing still needs their code and checks their
+    certificate against the announced fingerprint)"""
+    peers = request.app[PEERS]
+    if peers.listening is None:
+        raise PeersNeedTLSError(
+            "looking for machines nearby is for pairing, which needs this server to serve TLS: start it with "
+            "`switchyard serve --tls --host 0.0.0.0` (or, in the window, the Server page's network switch)"
+        )
+    seconds = _seconds(request.query.get("seconds"))
+    try:
+        machines = await nearby.around(peers, seconds=seconds)
+    except OSError as exc:
+        raise PeerUnavailableError(
+            f"cannot listen for mDNS announcements here ({exc}); type the address `switchyard peers "
+            "invite` shows on the other machine instead"
+        ) from exc
+    return web.json_response(
+        {
+            "machines": machines,
+            "seconds": seconds,
+            "this_machine": request.app[ANNOUNCER].public(),
+        }
+    )
+
+
+def _seconds(raw: str | None) -> float:
+    if raw is None:
+        return nearby.BROWSE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 10:  # also refuses nan and inf
+        raise BadRequestError("seconds must be a number from 1 to 10 (how long to listen)", param="seconds")
+    return value
+
+
 @routes.get("/api/peers/{name}")
 async def get_peer(request: web.Request) -> web.Response:
     """One peer, as of its last check"""
@@ -164,7 +270,45 @@ async def peer_info(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     hw = await rt.hardware_now()
     models = [{"id": e.id, "kind": e.kind} for e in rt.catalog.servable()]
-    return web.json_response({"hardware": hw.public(), "models": models})
+    offer = await asyncio.to_thread(request.app[PEERS].workers.offer)
+    if offer.get("available"):  # what a split may place here: never more than this machine lends
+        offer["budget_bytes"] = lend.lend_budget(rt.settings, hw)
+    return web.json_response({"hardware": hw.public(), "models": models, "rpc": offer})
+
+
+@routes.get("/api/splits")
+async def list_splits(request: web.Request) -> web.Response:
+    """The split lanes this machine heads (each worker's tunnel and the plan) and the RPC workers it lends"""
+    peers = request.app[PEERS]
+    heads = request.app[SPLITS].public() if SPLITS in request.app else []
+    return web.json_response({"heads": heads, "workers": peers.workers.public()})
+
+
+@routes.post(split.WORKER_PATH)
+async def rpc_start(request: web.Request) -> web.Response:
+    """For a paired peer: a fresh llama.cpp RPC worker on this machine's loopback, for its split lane"""
+    # the `threads` setting counts for a lent worker as for any engine of this machine's
+    threads = request.app[RUNTIME].settings.models.threads
+    worker = await request.app[PEERS].workers.start(request[PEER].name, threads=threads)
+    return web.json_response(worker.public())
+
+
+@routes.get(split.WORKER_PATH + "/{worker_id}/link")
+async def rpc_link(request: web.Request) -> web.StreamResponse:
+    """For a paired peer: the WebSocket that carries one RPC connection to its worker (the only way in)"""
+    worker = request.app[PEERS].workers.get(request.match_info["worker_id"], peer=request[PEER].name)
+    # no permessage-deflate even if offered: RPC payloads are mostly weights, which do not compress
+    ws = web.WebSocketResponse(max_msg_size=0, heartbeat=split.HEARTBEAT_S, compress=False)
+    await ws.prepare(request)
+    await rpc.bridge(worker, ws)
+    return ws
+
+
+@routes.delete(split.WORKER_PATH + "/{worker_id}")
+async def rpc_stop(request: web.Request) -> web.Response:
+    """For a paired peer: stop the RPC worker it started here"""
+    await request.app[PEERS].workers.stop(request.match_info["worker_id"], peer=request[PEER].name)
+    return web.json_response({"id": request.match_info["worker_id"], "stopped": True})
 
 
 @routes.get("/peer/explain/{model_id:.+}")
@@ -202,6 +346,37 @@ async def explained_on_peer(request: web.Request, model: str) -> dict[str, Any] 
         "machine": {"peer": name, "url": url, "why": why},
         "decision_text": f"{why}\n{doc.get('decision_text', '')}",
     }
+
+
+async def split_explained(request: web.Request, model: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """`explain MODEL --across PEERS` (the query's `across`): the split plan over this machine and those
+    peers. Without it, a model that does not fit here is offered a split over every paired peer that
+    lends an RPC worker, when that plan fits (with its numbers)."""
+    rt = request.app[RUNTIME]
+    peers = request.app.get(PEERS)
+    entry = rt.catalog.find(model)
+    broker = request.app.get(SPLITS)
+    if peers is None or broker is None or entry is None or entry.format != "gguf":
+        return doc
+    across = [n.strip() for n in request.query.get("across", "").split(",") if n.strip()]
+    asked = bool(across)
+    hardware = await rt.hardware_now()
+    if not asked:
+        if not lend.beyond(doc.get("fit"), lend.lend_budget(rt.settings, hardware)):
+            return doc
+        across = [s.name for s in peers.store.specs() if s.name in rt.remotes.attached]
+        if not across:
+            return doc
+    try:
+        plan = await split.plan_across(broker, entry, rt.settings, across, hardware=hardware)
+    except SwitchyardError as exc:
+        if asked:
+            raise
+        return {**doc, "split_offer": {"across": across, "refused": exc.message}}
+    key = "split" if asked else "split_offer"
+    if not asked and not plan.fits:
+        return doc
+    return {**doc, key: {"across": across, **plan.public()}}
 
 
 @routes.delete(LINK_PATH)

@@ -29,6 +29,7 @@ from app.core.errors import (
     BadRequestError,
     ContextLengthExceededError,
     ModelHasNoVisionError,
+    ModelNotFoundError,
     RemoteFailedError,
     SwitchyardError,
     UpstreamRefusedError,
@@ -47,6 +48,7 @@ from app.server.gateway.context_advice import more_context
 from app.server.gateway.first_use import FirstUse
 from app.server.gateway.images import check_image_tokens, image_parts, image_token_counts, tokens_per_image
 from app.server.gateway.model_limits import PlannedSlots
+from app.server.gateway.placing import Placing
 from app.server.gateway.prompt_window import check_window
 from app.server.gateway.raw_http import RawUpstream, open_post, read_all
 from app.server.gateway.raw_tools import raw_tool_answer, takes_raw_path
@@ -90,6 +92,7 @@ class Gateway:
         self.bank = SessionBank(rt.paths.home, budget_bytes=budget, known_sha256=self._model_sha256)
         self.planned = PlannedSlots(rt)  # per-slot contexts for /v1/models and /api/show (kept plans)
         self.first_use = FirstUse(rt)  # engines installed when a request first needs them
+        self.placing = Placing(rt)  # a bare model id that cannot run here, sent to a paired peer
         self._policy: tuple[Settings, Policy] | None = None
         self._count_http: aiohttp.ClientSession | None = None
 
@@ -136,7 +139,14 @@ class Gateway:
             return Route(remote.model_id, None, remote)
         if (base := self._adapter_base(model)) is not None:
             model = base  # BASE+ADAPTER: the base's lane, the adapter applied per request (pin_slot)
-        entry = await rt.catalog.aget(model)
+        try:
+            entry = await rt.catalog.aget(model)
+        except ModelNotFoundError:
+            if (placed := await self._placed(model, None, capability)) is not None:
+                return placed  # not here, but a paired peer has it and it fits there
+            raise
+        if (placed := await self._placed(model, entry, capability)) is not None:
+            return placed  # here, but it does not fit this machine; it fits a paired peer
         if entry.format == "gguf" and entry.kind in ("chat", "embedding"):
             wanted = "embedding" if capability == "embeddings" else "chat"
             if capability in ("chat", "completions", "embeddings") and entry.kind != wanted:
@@ -144,6 +154,15 @@ class Gateway:
         if (missing_local := rt.supervisor.capability_error(entry, capability)) is not None:
             raise missing_local  # a voice asked for chat, a transcriber for embeddings: name who can
         return Route(entry.id, entry, None)
+
+    async def _placed(self, model: str, entry: ModelEntry | None, capability: str) -> Route | None:
+        """The route to the paired peer a bare model id is placed on (gateway/placing.py), else None."""
+        placed = await self.placing.place(model, entry)
+        remote = self.rt.remotes.resolve(placed.model_id) if placed is not None else None
+        if placed is None or remote is None or remote.capability_error(capability) is not None:
+            return None
+        log.info("%s placed on peer %s: %s", model, placed.peer, placed.why)
+        return Route(remote.model_id, None, remote)
 
     def _adapter_base(self, model: str) -> str | None:
         """The base id of a `BASE+ADAPTER` id whose base loads that adapter, else None; a catalog model of

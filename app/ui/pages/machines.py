@@ -1,5 +1,7 @@
 """Machines: the paired peers (docs/peers.md), each with its own hardware, its models and its health, and
-pairing from the window: invite another machine with a one-time code, or redeem one it shows.
+pairing from the window: invite another machine with a one-time code, or redeem one it shows. *Find
+machines nearby* lists those announcing themselves on mDNS (app/lanes/peers/nearby.py); picking one fills
+its address and pins the fingerprint it announced, so pairing fails if another certificate answers there.
 
 The peers belong to the window's server (app/lanes/peers/registry.py, set up with it); pairing needs that
 server to serve HTTPS, which the Server page's network switch (or a certificate in the settings) turns on.
@@ -17,6 +19,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QMessageBox,
     QPushButton,
     QTableWidgetItem,
@@ -24,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from app.core.errors import SwitchyardError
 from app.core.events import EventKind
+from app.lanes.peers import nearby
 from app.lanes.peers.registry import PeerRegistry
 from app.ui import fmt
 from app.ui.pages import Page, table
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ["Machine", "Address", "State", "Memory", "Models", "Checked"]
 FOLLOWS = (EventKind.REMOTE_STATE, EventKind.REMOTE_REMOVED, EventKind.SERVER_STATE)
+CODE_HINT = "The code it shows, e.g. ABCDE-FGHJK"
 
 
 class MachinesPage(Page):
@@ -65,7 +71,7 @@ class MachinesPage(Page):
         self.address.setPlaceholderText("Its address, e.g. 192.168.1.20:8686")
         self.address.setAccessibleName("Address of the machine to pair with")
         self.pair_code = QLineEdit()
-        self.pair_code.setPlaceholderText("The code it shows, e.g. ABCDE-FGHJK")
+        self.pair_code.setPlaceholderText(CODE_HINT)
         self.pair_code.setAccessibleName("Pairing code the other machine shows")
         self.name = QLineEdit()
         self.name.setPlaceholderText("A name for it (optional)")
@@ -75,6 +81,23 @@ class MachinesPage(Page):
         for w, stretch in ((self.address, 2), (self.pair_code, 2), (self.name, 1), (self.pair_btn, 0)):
             pair_row.addWidget(w, stretch)
         self.root.addLayout(pair_row)
+
+        near_row = QHBoxLayout()
+        self.find_btn = QPushButton("Find machines nearby")
+        self.find_btn.setToolTip(
+            "Listen a few seconds for machines announcing Switchyard on the local network (a hint: pairing "
+            "still needs the code they show)"
+        )
+        self.find_btn.clicked.connect(self.find_nearby)
+        near_row.addWidget(self.find_btn, 0, Qt.AlignmentFlag.AlignTop)
+        self.nearby_list = QListWidget()
+        self.nearby_list.setAccessibleName("Machines nearby")
+        self.nearby_list.setMaximumHeight(self.fontMetrics().height() * 5)
+        self.nearby_list.itemClicked.connect(self.pick_nearby)
+        self.nearby_list.hide()
+        near_row.addWidget(self.nearby_list, 1)
+        self.root.addLayout(near_row)
+        self._announced: tuple[str, str] | None = None  # (address, fingerprint) picked from the list
         self.root.addWidget(self.status)
 
         self.table = table(COLUMNS, stretch=4, wrap=True)
@@ -123,8 +146,8 @@ class MachinesPage(Page):
                 "Pairing needs this window's server to serve HTTPS: on the Server page tick <i>Allow access "
                 "from the local network</i> and press Start (or name a certificate in the settings)."
             )
-        self.invite_btn.setEnabled(bool(doc["fingerprint"]))
-        self.pair_btn.setEnabled(bool(doc["fingerprint"]))
+        for btn in (self.invite_btn, self.pair_btn, self.find_btn):
+            btn.setEnabled(bool(doc["fingerprint"]))
         selected = self.selected()
         self.table.setRowCount(0)
         for peer in doc["peers"]:
@@ -192,15 +215,56 @@ class MachinesPage(Page):
             self.report("Type the other machine's address and the code it shows, then press Pair.")
             return
         name = self.name.text().strip() or None
+        # the fingerprint picked with the address, unless the address was edited since
+        fingerprint = self._announced[1] if self._announced and self._announced[0] == address else None
 
         async def go() -> None:
             self.clear_report()
-            spec, _remote = await self.peers().pair(address, code, name=name)
+            spec, _remote = await self.peers().pair(address, code, name=name, fingerprint=fingerprint)
             self.pair_code.clear()
+            self.pair_code.setPlaceholderText(CODE_HINT)
+            self._announced = None
             self.refresh()
             self.desk.notify("Paired", f"{spec.name}'s models now show here as {spec.name}/MODEL")
 
         self.desk.spawn(go(), disable=[self.pair_btn], report=self.report)
+
+    def find_nearby(self) -> None:
+        async def go() -> None:
+            self.clear_report()
+            try:
+                machines = await nearby.around(self.peers())
+            except OSError as exc:
+                self.report(f"Cannot listen for machines nearby here ({exc}); type the other one's address.")
+                return
+            self.nearby_list.clear()
+            for m in machines:
+                state = f"paired as {m['paired']}" if m["paired"] else "not paired: pick it, type its code"
+                item = QListWidgetItem(f"{m['machine']}  ·  {m['address']}  ·  {state}")
+                item.setToolTip(f"Announced certificate fingerprint {m['fingerprint']}")
+                item.setData(Qt.ItemDataRole.UserRole, m)
+                self.nearby_list.addItem(item)
+            self.nearby_list.setVisible(bool(machines))
+            if not machines:
+                self.report(
+                    "No machine announced itself nearby. On the other machine press Invite a machine (or run "
+                    "`switchyard peers invite`) and type the address it shows."
+                )
+
+        self.desk.spawn(go(), disable=[self.find_btn], report=self.report)
+
+    def pick_nearby(self, item: QListWidgetItem) -> None:
+        """Fill the pairing fields from an announcement; the code still has to come from that machine."""
+        m = item.data(Qt.ItemDataRole.UserRole)
+        if not isinstance(m, dict) or m.get("paired"):
+            return
+        self.address.setText(m["address"])
+        self._announced = (m["address"], m["fingerprint"])
+        # anyone can announce any name: the fingerprint its Invite shows is what tells the machines apart
+        self.pair_code.setPlaceholderText(
+            f"The code {m['machine']} shows (check it shows the fingerprint {m['fingerprint'][:11]}…)"
+        )
+        self.pair_code.setFocus()
 
     def check(self) -> None:
         name = self.selected()

@@ -41,7 +41,7 @@ def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
 
 

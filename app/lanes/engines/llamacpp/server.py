@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from app.core.errors import EngineUnavailableError
@@ -19,11 +20,13 @@ from app.core.paths import Paths
 from app.core.settings import Settings
 from app.hardware.model import Hardware
 from app.lanes.engines.kind import OwnBuild
+from app.lanes.engines.llamacpp import across
 from app.lanes.engines.llamacpp.kind import LlamaCppKind, binary_plan, build_plan, llama_server_argv
 from app.lanes.engines.llamacpp.runtime import runtime_choice
 from app.lanes.engines.plan import LaunchPlan, StartContext
 from app.lanes.install import containers
 from app.lanes.install.runtimes import RuntimeChoice, choose_runtime
+from app.lanes.residency import Footprint
 from app.lanes.workers.params import LlamaParams
 from app.library.model import ModelEntry
 from app.routing.engines import build_title
@@ -202,5 +205,24 @@ class LlamaRuntimesKind(LlamaCppKind):
         install = self.install_on(settings, hardware)
         return None if install.installed else install.note
 
+    def predict(
+        self, entry: ModelEntry, settings: Settings, *, hardware: Hardware, used: Mapping[str, int] | None
+    ) -> Footprint | None:
+        """A split model needs only its head's share here (its last plan's), else the local plan's."""
+        if across.split_of(settings, entry.id):
+            launcher = across.registered()
+            need = launcher.head_need(entry.id) if launcher is not None else None
+            return Footprint({"CPU": need}, "predicted") if need is not None else None
+        return super().predict(entry, settings, hardware=hardware, used=used)
+
     def build(self, entry: ModelEntry, settings: Settings, start: StartContext) -> LaunchPlan:
+        names = across.split_of(settings, entry.id)
+        if names:  # split across peers: started by the running server's split broker
+            launcher = across.registered()
+            if launcher is None:
+                raise EngineUnavailableError(
+                    f"model {entry.id!r} is split across peers {', '.join(names)}, which only a running "
+                    "server with peers (`switchyard serve --tls`) can start"
+                )
+            return launcher.launch_plan(entry, settings, start, names)
         return plan_for(runtime_choice(settings, start.hardware), entry, settings, start)
