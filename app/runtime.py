@@ -128,6 +128,7 @@ class Runtime:
         self.speeds = SpeedRecorder(
             SpeedStore(self.library, calibrating=calibrating_lanes()), where=self._load_key
         )
+        stack.push_async_callback(self.speeds.drain)  # answers still batched are filed before the close
         self.supervisor = Supervisor(
             catalog=self.catalog,
             settings=self.settings,

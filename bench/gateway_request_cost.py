@@ -18,6 +18,7 @@ far less than a latency; compare before/after in the same window anyway.
     .venv/bin/python bench/gateway_request_cost.py --tokens 64     # per event = (this - the above) / 63
     .venv/bin/python bench/gateway_request_cost.py --profile /tmp/stacks.txt    # py-spy, collapsed
     .venv/bin/python bench/gateway_request_cost.py --cprofile /tmp/req.prof     # cProfile, loop CPU
+    .venv/bin/python bench/gateway_request_cost.py --sides openai --cprofile /tmp/oa.prof  # one side alone
 
 `--cprofile` runs serve under cProfile timed by its loop thread's CPU (not the wall, which on a loaded
 machine charges every preemption to whatever ran), switched on after the warm-up round and off at the
@@ -113,7 +114,8 @@ async def wave(http: aiohttp.ClientSession, route: go.Route | str, n: int, serve
 
 async def bench(args: argparse.Namespace, server: go.Server) -> dict[str, list[tuple[float, float]]]:
     timeout = aiohttp.ClientTimeout(total=600)
-    per_request: dict[str, list[tuple[float, float]]] = {n: [] for n in ("openai", "anthropic", *LAYERS)}
+    names = [n for n in ("openai", "anthropic", *LAYERS) if not args.sides or n in args.sides]
+    per_request: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     async with (
         aiohttp.ClientSession(timeout=timeout) as admin,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), timeout=timeout) as d,
@@ -124,6 +126,8 @@ async def bench(args: argparse.Namespace, server: go.Server) -> dict[str, list[t
             *routes(args.model, engine=engine, gateway=server.url, tokens=args.tokens),
             *LAYERS,
         ]
+        if args.sides:  # the direct side stays: it is every round's background rate
+            sides = [s for s in sides if (s if isinstance(s, str) else s.name) in {"direct", *args.sides}]
         for rnd in range(args.rounds + 1):  # round 0 warms up
             k = rnd % len(sides)
             got: dict[str, Wave] = {}
@@ -157,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=40, help="requests per wave, one after another")
     ap.add_argument("--tokens", type=int, default=1, help="letters per answer (1: the request alone)")
     ap.add_argument("--parallel", type=int, default=4, help="engine slots")
+    ap.add_argument(
+        "--sides",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=[],
+        help="only these sides besides direct (openai,anthropic,health,refused; default all)",
+    )
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of serve to this file")
     ap.add_argument("--cprofile", type=Path, help="run serve under cProfile, its stats written to this file")
     args = ap.parse_args(argv)

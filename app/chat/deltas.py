@@ -118,6 +118,9 @@ def chunk_deltas(chunk: dict[str, Any]) -> list[Delta]:
         out.append(
             Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), cached, timings)
         )
+    elif isinstance(progress := chunk.get("prompt_progress"), dict) and _int(progress.get("total")):
+        # llama.cpp's `return_progress`: the prompt's size as its first chunk, before the first token
+        out.append(Usage(_int(progress["total"]), None))
     return out
 
 
@@ -239,8 +242,10 @@ def plain_text(payload: bytes) -> str | None:
     quote = payload.find(b'"', begin)
     if quote < 0 or payload.find(b"\\", begin, quote) >= 0:
         return None  # an escape: the closing quote may be elsewhere, and the text needs JSON's decoding
-    if not payload.startswith(_TEXT_END, quote) or b'"usage"' in payload or b'"timings"' in payload:
+    if not payload.startswith(_TEXT_END, quote):
         return None
+    if b'"usage"' in payload or b'"timings"' in payload or b'"prompt_progress"' in payload:
+        return None  # what chunk_deltas reads as Usage
     if quote == begin or not payload.endswith(b"}"):
         return None  # empty text (no delta), or a truncated chunk: JSON says what it is
     try:

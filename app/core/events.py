@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -61,12 +61,15 @@ class Event:
 
 class EventBus:
     def __init__(self, *, queue_size: int = 1000) -> None:
-        self._subs: set[asyncio.Queue[Event]] = set()
+        # each subscriber's queue and the kinds it takes (None: every kind)
+        self._subs: dict[asyncio.Queue[Event], frozenset[EventKind] | None] = {}
         self._queue_size = queue_size
 
     def publish(self, kind: EventKind, **data: Any) -> Event:
         ev = Event(EventKind(kind), data)
-        for q in list(self._subs):
+        for q, kinds in list(self._subs.items()):
+            if kinds is not None and ev.kind not in kinds:
+                continue  # no wake-up of a task that would drop it (request.done comes once per request)
             if q.full():  # a slow subscriber loses its oldest event, never blocks the publisher
                 with contextlib.suppress(asyncio.QueueEmpty):
                     q.get_nowait()
@@ -74,10 +77,13 @@ class EventBus:
         return ev
 
     @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[asyncio.Queue[Event]]:
+    async def subscribe(
+        self, kinds: Iterable[EventKind] | None = None
+    ) -> AsyncIterator[asyncio.Queue[Event]]:
+        """A queue of the events published from now on: of `kinds` only, or every kind (None)."""
         q: asyncio.Queue[Event] = asyncio.Queue(self._queue_size)
-        self._subs.add(q)
+        self._subs[q] = frozenset(kinds) if kinds is not None else None
         try:
             yield q
         finally:
-            self._subs.discard(q)
+            self._subs.pop(q, None)

@@ -2,8 +2,9 @@
 engine's own `timings` (llama.cpp's `prompt_per_second` / `predicted_per_second`), and the calibration of
 the speed model they give this machine, per device (docs/fit.md#speed).
 
-The gateway hands each finished answer's last bytes to `SpeedRecorder.note` once; the parse is small and
-runs on the event loop, the SQLite write runs in a worker thread. A row keeps the median of its last
+The gateway hands each finished answer's last bytes (or its decoded `timings`) to `SpeedRecorder` once; the
+parse is small and runs on the event loop, the SQLite writes run in a worker thread, a burst of answers in
+one transaction. A row keeps the median of its last
 RECENT answers, so one answer slowed by a busy machine barely moves it.
 """
 
@@ -15,7 +16,7 @@ import logging
 import sqlite3
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from app.library.store import Library
 log = logging.getLogger("switchyard.speeds")
 RECENT = 9
 MIN_TOKENS = 4  # fewer generated tokens time the first token's set-up, not the generation rate
+FLUSH_S = 0.5  # how long an answer's speed waits for the rest of its burst before the batch is filed
 _DECODER = json.JSONDecoder()
 # memory bandwidth per device name (bytes/s), or the CPU's figure alone; None: none measured
 Bandwidths = Mapping[str, float] | float | None
@@ -79,6 +81,11 @@ def timings_from(data: bytes) -> tuple[float | None, float, int] | None:
         t, _ = _DECODER.raw_decode(data[at + 10 : at + 4096].decode("utf-8", "replace").lstrip())
     except ValueError:
         return None
+    return rates_of(t)
+
+
+def rates_of(t: object) -> tuple[float | None, float, int] | None:
+    """`timings_from` for a `timings` object already decoded (the gateway decodes it once per answer)."""
     if not isinstance(t, dict):
         return None
     gen, n, prompt = t.get("predicted_per_second"), t.get("predicted_n"), t.get("prompt_per_second")
@@ -115,41 +122,25 @@ class SpeedStore:
     ) -> Speed | None:
         """File one answer. `first`: the first answer after a load, filed only where nothing else was
         measured (so one chat already shows a figure) and replaced by the next answer (None: not filed)."""
+        sample = Sample(model_id, key, prompt_tps, gen_tps, at or time.time(), first)
+        return self.record_many([sample])[0]
+
+    def record_many(self, samples: Sequence[Sample]) -> list[Speed | None]:
+        """File answers in the order given, in one transaction (one commit for a burst of answers); each
+        as `record` files it. Returns what each filed (None: not filed)."""
+        model_id = samples[0].model_id if samples else ""
         try:
             with self.library.db.transaction() as tx:
-                row = tx.execute(
-                    "SELECT samples, recent FROM speeds WHERE model_id = ? AND lane = ? AND device = ?",
-                    (model_id, key.lane, key.device),
-                ).fetchone()
-                if first and row is not None:
-                    return None
-                # a first answer's row is replaced, not added to (_recent drops its entry)
-                recent = _recent(row["recent"]) if row else []
-                samples = (0 if row is None or _first_only(row["recent"]) else row["samples"]) + 1
-                entry: list[float | str | None] = [prompt_tps, gen_tps, *([_FIRST] if first else [])]
-                recent = [*recent, entry][-RECENT:]
-                speed = _speed_of(model_id, key, recent, samples, at or time.time())
-                tx.execute(
-                    "INSERT OR REPLACE INTO speeds(model_id, lane, device, prompt_tps, gen_tps, "
-                    "bytes_per_token, samples, recent, at) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (
-                        model_id,
-                        key.lane,
-                        key.device,
-                        speed.prompt_tps,
-                        speed.gen_tps,
-                        key.bytes_per_token,
-                        speed.samples,
-                        json.dumps(recent),
-                        speed.at,
-                    ),
-                )
+                out = []
+                for sample in samples:
+                    model_id = sample.model_id
+                    out.append(_record_in(tx, sample))
+                return out
         except sqlite3.Error as exc:
             raise LibraryError(
                 f"could not record the measured speed of {model_id!r} in {self.library.path} ({exc}); "
                 "if another program holds the file, close it; the next answer is recorded again"
             ) from exc
-        return speed
 
     def all(self) -> list[Speed]:
         return [self._row(r) for r in self._query("SELECT * FROM speeds ORDER BY model_id, at DESC")]
@@ -187,6 +178,50 @@ class SpeedStore:
             r["model_id"], r["lane"], r["device"], r["prompt_tps"], r["gen_tps"], r["bytes_per_token"],
             r["samples"], r["at"], _first_only(r["recent"]),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer's measured rates, as the recorder hands it to the store."""
+
+    model_id: str
+    key: LoadKey
+    prompt_tps: float | None
+    gen_tps: float
+    at: float
+    first: bool = False
+
+
+def _record_in(tx: sqlite3.Connection, sample: Sample) -> Speed | None:
+    key, model_id = sample.key, sample.model_id
+    row = tx.execute(
+        "SELECT samples, recent FROM speeds WHERE model_id = ? AND lane = ? AND device = ?",
+        (model_id, key.lane, key.device),
+    ).fetchone()
+    if sample.first and row is not None:
+        return None
+    # a first answer's row is replaced, not added to (_recent drops its entry)
+    recent = _recent(row["recent"]) if row else []
+    samples = (0 if row is None or _first_only(row["recent"]) else row["samples"]) + 1
+    entry: list[float | str | None] = [sample.prompt_tps, sample.gen_tps, *([_FIRST] if sample.first else [])]
+    recent = [*recent, entry][-RECENT:]
+    speed = _speed_of(model_id, key, recent, samples, sample.at)
+    tx.execute(
+        "INSERT OR REPLACE INTO speeds(model_id, lane, device, prompt_tps, gen_tps, "
+        "bytes_per_token, samples, recent, at) VALUES (?,?,?,?,?,?,?,?,?)",
+        (
+            model_id,
+            key.lane,
+            key.device,
+            speed.prompt_tps,
+            speed.gen_tps,
+            key.bytes_per_token,
+            speed.samples,
+            json.dumps(recent),
+            speed.at,
+        ),
+    )
+    return speed
 
 
 _FIRST = "first"  # marks a row's entry that is the first answer after a load (SpeedStore.record(first=))
@@ -283,7 +318,11 @@ def machine_calibration(
 class SpeedRecorder:
     """What the gateway calls once per answer; `where(model_id)` says where the model runs now (None: not
     on a lane this records, e.g. a remote). The first answer of each load is filed only where nothing was
-    measured yet, and replaced by the next: its weights are still being paged in."""
+    measured yet, and replaced by the next: its weights are still being paged in.
+
+    Answers are filed in batches: the first one noted waits FLUSH_S for the others of its burst, and all
+    of them go to SQLite in one transaction on a worker thread (one commit and one thread hand-off per
+    batch, not per answer; every answer is still filed). One batch is written at a time, in order."""
 
     def __init__(self, store: SpeedStore, *, where: Callable[[str], LoadKey | None]) -> None:
         self.store = store
@@ -291,12 +330,23 @@ class SpeedRecorder:
         self._seen: dict[str, object] = {}  # model id -> the load whose first answer was seen
         # model id -> the last timings filed: a stream's end can be handed over twice, one answer counts once
         self._last: dict[str, tuple[float | None, float, int]] = {}
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._queued: list[Sample] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._writing: asyncio.Future[None] | None = None
 
     def note(self, model_id: str | None, data: bytes) -> None:
         """Hand over an answer's last bytes; records in a worker thread, never raises."""
+        self._note(model_id, lambda: timings_from(data))
+
+    def note_timings(self, model_id: str | None, timings: object) -> None:
+        """`note` for an answer whose `timings` object is decoded already (None: it had none)."""
+        self._note(model_id, lambda: rates_of(timings))
+
+    def _note(
+        self, model_id: str | None, rates: Callable[[], tuple[float | None, float, int] | None]
+    ) -> None:
         try:
-            timings = timings_from(data) if model_id else None
+            timings = rates() if model_id else None
             key = self.where(model_id) if model_id and timings else None
         except Exception:  # a lane between states must not fail the answer it measured
             log.debug("no speed recorded for %s", model_id, exc_info=True)
@@ -306,19 +356,36 @@ class SpeedRecorder:
         self._last[model_id] = timings
         first = self._seen.get(model_id) is not key.load
         self._seen[model_id] = key.load
-        fut = asyncio.get_running_loop().run_in_executor(None, self._write, model_id, key, timings, first)
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
+        self._queued.append(Sample(model_id, key, timings[0], timings[1], time.time(), first))
+        if self._timer is None and self._writing is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
 
-    def _write(
-        self, model_id: str, key: LoadKey, timings: tuple[float | None, float, int], first: bool
-    ) -> None:
+    def _flush(self) -> None:
+        """Start writing what is queued (the timer's callback, or `drain`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writing is not None or not self._queued:
+            return
+        batch, self._queued = self._queued, []
+        loop = asyncio.get_running_loop()
+        self._writing = loop.run_in_executor(None, self._write, batch)
+        self._writing.add_done_callback(self._written)
+
+    def _written(self, _: asyncio.Future[None]) -> None:
+        self._writing = None
+        if self._queued and self._timer is None:  # noted while the batch was written: the next batch
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
+
+    def _write(self, batch: list[Sample]) -> None:
         try:
-            self.store.record(model_id, key=key, prompt_tps=timings[0], gen_tps=timings[1], first=first)
+            self.store.record_many(batch)
         except LibraryError as exc:
             log.warning("%s", exc.message)
 
     async def drain(self) -> None:
-        """Wait for the writes handed to threads so far (tests, shutdown)."""
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        """File everything noted so far, now (tests, shutdown)."""
+        while self._queued or self._writing is not None:
+            if self._writing is not None:
+                await asyncio.gather(self._writing, return_exceptions=True)
+            self._flush()

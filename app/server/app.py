@@ -45,14 +45,12 @@ log = logging.getLogger("switchyard")
 def make_app(runtime: Runtime) -> web.Application:
     stats = metrics.Metrics()
     app = web.Application(
+        # few layers, each doing several things in order: every middleware is a coroutine per request
         middlewares=[
-            metrics.middleware(stats, runtime.bus),  # outermost: counts every answer, refusals too
-            middleware.traced,  # one server span per request (docs/tracing.md); nothing while tracing is off
-            middleware.access_log,
-            middleware.errors,
-            middleware.host_guard(auth.host_rules),  # the guard auth.setup installs, rebuilt by auth.arm
-            auth.cors_preflight,
-            auth.require_key,
+            # outermost: /metrics counts every answer (refusals too) and request.done publishes it, one
+            # server span (docs/tracing.md; nothing while tracing is off), the access log, error shapes
+            middleware.front(stats, runtime.bus),
+            auth.front_door,  # Host and Origin (DNS rebinding), CORS preflights, API keys: auth.arm's Guard
             limits.middleware(runtime.settings),  # innermost: it needs the client the auth middleware names
         ],
         client_max_size=runtime.settings.limits.max_body_mib * limits.MIB,

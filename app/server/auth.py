@@ -29,7 +29,7 @@ from app.core.paths import Paths
 from app.core.secrets import KeyStore, Secret
 from app.core.settings import Settings
 from app.server.dashboard.routes import is_page_path
-from app.server.middleware import LOOPBACK_NAMES, Handler, normalize_origin
+from app.server.middleware import LOOPBACK_NAMES, Handler, host_refusal, normalize_origin
 from app.server.request_keys import CLIENT
 from app.server.surfaces.base import KEY_HEADERS, Surface, encoding_of, manages, surface_of
 from app.server.surfaces.openai.validate import parse_body
@@ -42,6 +42,7 @@ OPEN_PATHS = frozenset({"/health", "/peer/pair", "/peer/link"})
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
 _TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 CREATE_HINT = "create one with `switchyard keys create NAME`"
+_LOOPBACK_FORMS = frozenset({"127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True)
@@ -70,19 +71,12 @@ def guard_of(request: web.Request) -> Guard:
     return request.app[GATE].guard
 
 
-def host_rules(request: web.Request) -> tuple[frozenset[str], frozenset[str]]:
-    """(the Host names this server answers to, the listed CORS origins), as `middleware.host_guard` reads
-    them."""
-    guard = guard_of(request)
-    return guard.hosts, guard.origins
-
-
 def is_loopback(host: str | None) -> bool:
     """True for localhost names and loopback addresses (IPv4-mapped ones too)."""
     if not host:
         return False
-    if host.lower() == "localhost":
-        return True
+    if host in _LOOPBACK_FORMS or host.lower() == "localhost":
+        return True  # the common caller, named without the address parse (a request's remote, each time)
     try:
         ip = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
     except ValueError:
@@ -180,37 +174,49 @@ async def identify(store: KeyStore, keys: list[Secret]) -> str | None:
 @web.middleware
 async def cors_preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer a CORS preflight from a listed origin (before any key check: browsers send none)."""
+    answer = preflight_answer(request, guard_of(request))
+    return answer if answer is not None else await handler(request)
+
+
+def preflight_answer(request: web.Request, guard: Guard) -> web.Response | None:
+    """`cors_preflight`'s answer to `request`, or None when it is no preflight of a listed origin."""
+    if request.method != "OPTIONS":
+        return None
     origin = request.headers.get("Origin")
-    if (
-        request.method == "OPTIONS"
-        and origin
+    if not (
+        origin
         and "Access-Control-Request-Method" in request.headers
-        and normalize_origin(origin) in guard_of(request).origins
+        and normalize_origin(origin) in guard.origins
     ):
-        asked = request.headers.get("Access-Control-Request-Headers", "")
-        extra = [h.strip() for h in asked.split(",") if _TOKEN.fullmatch(h.strip())]
-        # the origin is trusted: allow the headers it asks for too (SDKs send their own x-... headers)
-        allowed = guard_of(request).allow_headers
-        names = list({h.lower(): h for h in [*extra, *allowed]}.values())
-        headers = {
-            "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Methods": ALLOW_METHODS,
-            "Access-Control-Allow-Headers": ", ".join(names),
-            "Access-Control-Max-Age": "600",
-            "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
-        }
-        if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
-            headers["Access-Control-Allow-Private-Network"] = "true"
-        return web.Response(status=204, headers=headers)
-    return await handler(request)
+        return None
+    asked = request.headers.get("Access-Control-Request-Headers", "")
+    extra = [h.strip() for h in asked.split(",") if _TOKEN.fullmatch(h.strip())]
+    # the origin is trusted: allow the headers it asks for too (SDKs send their own x-... headers)
+    names = list({h.lower(): h for h in [*extra, *guard.allow_headers]}.values())
+    headers = {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Allow-Methods": ALLOW_METHODS,
+        "Access-Control-Allow-Headers": ", ".join(names),
+        "Access-Control-Max-Age": "600",
+        "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
+    }
+    if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
+        headers["Access-Control-Allow-Private-Network"] = "true"
+    return web.Response(status=204, headers=headers)
 
 
 @web.middleware
 async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-    guard = guard_of(request)
+    refused = await key_refusal(request, guard_of(request))
+    return refused if refused is not None else await handler(request)
+
+
+async def key_refusal(request: web.Request, guard: Guard) -> web.Response | None:
+    """`require_key`'s refusal of `request` (no valid key where one is needed, the admin API from
+    elsewhere), or None; a valid key names its client on the request."""
     path = request.path
     if path in OPEN_PATHS or is_page_path(path):  # the dashboard's files: no data, the API asks for keys
-        return await handler(request)
+        return None
     admin = is_admin(request)
     remote = not is_loopback(request.remote)
     if admin and remote and not guard.remote_admin:
@@ -234,7 +240,19 @@ async def require_key(request: web.Request, handler: Handler) -> web.StreamRespo
                 + CREATE_HINT
             )
         return refusal(request, KeyRequiredError(msg))
-    return await handler(request)
+    return None
+
+
+@web.middleware
+async def front_door(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The Host and Origin check (middleware.host_refusal), `cors_preflight` and `require_key` in one
+    middleware, in that order (one coroutine per request instead of three), by the one Guard in force
+    when the request came."""
+    guard = guard_of(request)
+    refused = host_refusal(request, guard.hosts, guard.origins) or preflight_answer(request, guard)
+    if refused is None:
+        refused = await key_refusal(request, guard)
+    return refused if refused is not None else await handler(request)
 
 
 async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,12 +1,12 @@
 """`GET /metrics`: Prometheus text exposition (format 0.0.4), written by hand.
 
-Per request the middleware does a few dict increments after the answer; streams add one timestamp when
-the first chunk goes out (set by the proxy under FIRST_BYTE) and token counts come from the usage the
-proxy found in the last bytes of the answer (USAGE). Lane figures are read from the supervisor at scrape
-time, so they are exact and cost nothing between scrapes. Download bytes are summed from the runtime's
-`download.progress` events (their `delta`, per `repo`) by a subscriber that lives as long as the app
-(`download_counter`). State lives on a `Metrics` object in the application (METRICS), never in module
-globals.
+Per request the front middleware (app/server/middleware.py) calls `Metrics.record` after the answer;
+streams add one timestamp when the first chunk goes out (set by the proxy under FIRST_BYTE) and token
+counts come from the usage the proxy found in the last bytes of the answer (USAGE). Lane figures are
+read from the supervisor at scrape time, so they are exact and cost nothing between scrapes. Download
+bytes are summed from the runtime's `download.progress` events (their `delta`, per `repo`) by a
+subscriber that lives as long as the app (`download_counter`). State lives on a `Metrics` object in the
+application (METRICS), never in module globals.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from app import __version__
 from app.core.background import running
@@ -354,36 +353,51 @@ def usage_from(data: bytes) -> tuple[int, int] | None:
 
     Looks only for the last occurrence of the key (a key inside a string is escaped, so it cannot match)
     and decodes that small object alone: cheap on large bodies."""
+    return _usage(data, _UNREAD)
+
+
+def timings_of(data: bytes) -> dict[str, Any] | None:
+    """llama.cpp's last `timings` object in `data` (an answer's last bytes), or None."""
+    at = data.rfind(b'"timings":')
+    return _object_at(data, at + 10) if at >= 0 else None
+
+
+_UNREAD: Any = object()  # `timings` not decoded yet: _usage decodes it only where `usage` says nothing
+
+
+def _usage(data: bytes, timings: dict[str, Any] | None) -> tuple[int, int] | None:
     at = data.rfind(b'"usage":')
     if at >= 0:
         usage = _object_at(data, at + 8)
         if usage is not None and isinstance(usage.get("prompt_tokens"), int):
             out = usage.get("completion_tokens", 0)
             return usage["prompt_tokens"], out if isinstance(out, int) else 0
-    at = data.rfind(b'"timings":')
-    if at >= 0:
-        t = _object_at(data, at + 10)
-        if t is not None and isinstance(t.get("prompt_n"), int) and isinstance(t.get("predicted_n"), int):
-            cached = t.get("cache_n", 0)
-            return t["prompt_n"] + (cached if isinstance(cached, int) else 0), t["predicted_n"]
+    t = timings_of(data) if timings is _UNREAD else timings
+    if t is not None and isinstance(t.get("prompt_n"), int) and isinstance(t.get("predicted_n"), int):
+        cached = t.get("cache_n", 0)
+        return t["prompt_n"] + (cached if isinstance(cached, int) else 0), t["predicted_n"]
     return None
 
 
 def note_usage(request: web.Request, data: bytes) -> None:
-    """Record an answer's token usage and speculative drafts (its last bytes suffice) for /metrics."""
-    if (usage := usage_from(data)) is not None:
+    """Record an answer's token usage and speculative drafts (its last bytes suffice) for /metrics, and
+    hand its timings to the speed recorder: the `timings` object is decoded once for all three."""
+    timings = timings_of(data)
+    if (usage := _usage(data, timings)) is not None:
         request[USAGE] = usage
-    if (drafts := drafts_from(data)) is not None:
+    if (drafts := _drafts(timings)) is not None:
         request[DRAFTS] = drafts
     if (rt := request.app.get(RUNTIME)) is not None:  # measured speed, written off the loop
-        rt.speeds.note(request.get(MODEL), data)
+        rt.speeds.note_timings(request.get(MODEL), timings)
 
 
 def drafts_from(data: bytes) -> tuple[int, int] | None:
     """(drafted, accepted) from llama.cpp's `timings`; None when it drafted nothing (it then leaves
     `draft_n` out) or the answer has no timings."""
-    at = data.rfind(b'"timings":')
-    t = _object_at(data, at + 10) if at >= 0 else None
+    return _drafts(timings_of(data))
+
+
+def _drafts(t: dict[str, Any] | None) -> tuple[int, int] | None:
     drafted, accepted = (t.get("draft_n"), t.get("draft_n_accepted")) if t is not None else (None, None)
     if not isinstance(drafted, int) or isinstance(drafted, bool):
         return None
@@ -437,11 +451,23 @@ class Outcome:
         self.resp: web.StreamResponse | None = None
 
 
-async def handled(request: web.Request, handler: Handler, out: Outcome) -> web.StreamResponse:
+async def handled(
+    request: web.Request,
+    handler: Handler,
+    out: Outcome,
+    *,
+    shape: Callable[[web.Request, Exception], web.StreamResponse] | None = None,
+) -> web.StreamResponse:
     """`handler(request)`, noting in `out` the status it ended with: its answer's, an HTTP exception's,
-    or, when the client hung up, 499 (or the status of a stream it had read whole)."""
+    or, when the client hung up, 499 (or the status of a stream it had read whole). `shape`: what
+    answers an exception raised inside (it raises again what is no answer: middleware.shaped_error)."""
     try:
-        out.resp = await handler(request)
+        try:
+            out.resp = await handler(request)
+        except Exception as exc:
+            if shape is None:
+                raise
+            out.resp = shape(request, exc)
         out.status = out.resp.status
         return out.resp
     except web.HTTPException as exc:
@@ -450,27 +476,6 @@ async def handled(request: web.Request, handler: Handler, out: Outcome) -> web.S
     except asyncio.CancelledError:
         out.status = request.get(SENT_STATUS, CLIENT_CLOSED)
         raise
-
-
-def middleware(metrics: Metrics, bus: EventBus | None = None) -> Middleware:
-    """Outermost: counts every answer, the refused ones included, and (given `bus`) publishes each one
-    as a `request.done` event for /api/events."""
-
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        metrics.in_flight += 1
-        out = Outcome()
-        try:
-            return await handled(request, handler, out)
-        finally:
-            metrics.in_flight -= 1
-            seconds = time.perf_counter() - t0
-            metrics.record(request, status=out.status, seconds=seconds, t0=t0, resp=out.resp)
-            if bus is not None and (data := request_event(request, status=out.status, seconds=seconds)):
-                bus.publish(REQUEST_DONE, **data)
-
-    return record
 
 
 DOWNLOAD_PROGRESS = "download.progress"
@@ -483,7 +488,7 @@ def download_counter(
 
     @contextlib.asynccontextmanager
     async def ctx(_: web.Application) -> AsyncIterator[None]:
-        async with bus.subscribe() as queue:
+        async with bus.subscribe([EventKind.DOWNLOAD_PROGRESS]) as queue:
 
             async def drain() -> None:
                 while True:

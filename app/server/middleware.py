@@ -1,4 +1,5 @@
-"""Middlewares: OpenAI-shaped errors, one log line per request, Host/Origin checks."""
+"""Middlewares: `front` (the /metrics count, the span, one log line per request, OpenAI-shaped errors),
+the Host/Origin checks auth.front_door runs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from aiohttp.typedefs import Middleware
 
 from app.core import tracing
 from app.core.errors import BadRequestError, RequestTooLargeError, SwitchyardError
-from app.server.metrics import Outcome, handled
+from app.core.events import EventBus
+from app.server.metrics import REQUEST_DONE, Metrics, Outcome, handled, request_event
 from app.server.request_keys import CLIENT, MODEL
 from app.server.surfaces.base import encoding_of
 
@@ -36,16 +38,23 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every refusal in the shape of the route's API surface (OpenAI's for routes that name none)."""
     try:
         return await handler(request)
-    except SwitchyardError as exc:
+    except Exception as exc:
+        return shaped_error(request, exc)
+
+
+def shaped_error(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """The answer for `exc`, raised while handling `request`, in the route's surface's error shape; an
+    HTTP exception that is an answer of its own (a redirect, a 304) is raised again, as it came."""
+    if isinstance(exc, SwitchyardError):
         return encoding_of(request).error_response(exc)
-    except web.HTTPNotFound:
+    if isinstance(exc, web.HTTPNotFound):
         return error_response(
             404,
             f"no route {request.method} {request.path}; see GET /v1/models and the API docs",
             type_="invalid_request_error",
             code="route_not_found",
         )
-    except web.HTTPMethodNotAllowed as exc:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
         return error_response(
             405,
             f"{request.method} is not allowed on {request.path}; "
@@ -53,21 +62,20 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             type_="invalid_request_error",
             code="method_not_allowed",
         )
-    except web.HTTPRequestEntityTooLarge:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return encoding_of(request).error_response(RequestTooLargeError("the request body is too large"))
-    except web.HTTPException:
-        raise
-    except Exception as exc:
-        fault = client_fault(exc)
-        if fault is not None:
-            logging.getLogger("switchyard").info(
-                "refused %s %s: %s", request.method, request.path, fault.message
-            )
-            return encoding_of(request).error_response(fault)
-        logging.getLogger("switchyard").exception("unhandled error on %s %s", request.method, request.path)
-        return encoding_of(request).error_response(
-            SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
-        )
+    if isinstance(exc, web.HTTPException):
+        raise exc
+    fault = client_fault(exc)
+    if fault is not None:
+        logging.getLogger("switchyard").info("refused %s %s: %s", request.method, request.path, fault.message)
+        return encoding_of(request).error_response(fault)
+    logging.getLogger("switchyard").error(
+        "unhandled error on %s %s", request.method, request.path, exc_info=exc
+    )
+    return encoding_of(request).error_response(
+        SwitchyardError(f"internal gateway error: {type(exc).__name__}: {exc}")
+    )
 
 
 # where decoding what the client sent happens: an error raised through one of these is the client's input
@@ -99,34 +107,45 @@ def client_fault(exc: Exception) -> BadRequestError | None:
     return None
 
 
-@web.middleware
-async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
-    t0 = time.perf_counter()
-    out = Outcome()  # a client that hung up is logged 499, as /metrics counts it
-    try:
-        return await handled(request, handler, out)
-    finally:
-        ms = (time.perf_counter() - t0) * 1000
-        model = request.get(MODEL, "-")
-        client = request.get(CLIENT, "-")
-        line = "%s %s model=%s status=%s %.1fms client=%s"
-        log.info(line, request.method, request.path, model, out.status, ms, client)
+def front(stats: Metrics, bus: EventBus | None = None) -> Middleware:
+    """The outer layers of every request in one middleware (a coroutine, an Outcome and a timer for all of
+    them), from the outside in: counted for /metrics (and published as `request.done` given `bus`), one
+    server span while tracing is on (docs/tracing.md; the route pattern names it, never the raw path,
+    and it continues the client's `traceparent`), one access log line (a client that hung up is 499, as
+    /metrics counts it), and every refusal in its surface's shape (`errors`)."""
+
+    @web.middleware
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        stats.in_flight += 1
+        out = Outcome()  # a client that hung up is logged 499, as /metrics counts it
+        try:
+            if tracing.enabled():
+                return await _spanned(request, handler, out)
+            return await handled(request, handler, out, shape=shaped_error)
+        finally:
+            stats.in_flight -= 1
+            seconds = time.perf_counter() - t0
+            model = request.get(MODEL, "-")
+            client = request.get(CLIENT, "-")
+            line = "%s %s model=%s status=%s %.1fms client=%s"
+            log.info(line, request.method, request.path, model, out.status, seconds * 1000, client)
+            stats.record(request, status=out.status, seconds=seconds, t0=t0, resp=out.resp)
+            if bus is not None and (data := request_event(request, status=out.status, seconds=seconds)):
+                bus.publish(REQUEST_DONE, **data)
+
+    return front
 
 
-@web.middleware
-async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """One server span per request (docs/tracing.md), continuing the client's `traceparent`; the route
-    pattern names it, never the raw path. Nothing at all while tracing is off."""
-    if not tracing.enabled():
-        return await handler(request)
+async def _spanned(request: web.Request, handler: Handler, out: Outcome) -> web.StreamResponse:
+    """The request in one server span, its status noted in `out` (tracing is on)."""
     info = request.match_info
     route = info.route.resource.canonical if info.route.resource is not None else "(no route)"
     with tracing.server_span(f"{request.method} {route}", headers=request.headers) as sp:
         sp.set_attribute("http.request.method", request.method)
         sp.set_attribute("http.route", route)
-        out = Outcome()
         try:
-            return await handled(request, handler, out)
+            return await handled(request, handler, out, shape=shaped_error)
         finally:
             sp.set_attribute("http.response.status_code", out.status)
             if (model := request.get(MODEL)) is not None:
@@ -169,62 +188,55 @@ def _bare(allowed_hosts: Collection[str]) -> set[str]:
     return {h.strip("[]") for h in allowed_hosts}
 
 
-HostRules = Callable[[web.Request], tuple[Collection[str], Collection[str]]]
+def host_refusal(
+    request: web.Request, allowed_hosts: Collection[str], origins: Collection[str]
+) -> web.Response | None:
+    """The refusal of a request whose Host is not ours (DNS rebinding) or that comes from another site's
+    page, or None: it may pass. `allowed_hosts` and `origins` (the listed CORS origins) are those in force
+    now (auth.py's Guard), so a server that listens again under new settings checks by them.
 
-
-def host_guard(rules: HostRules) -> Middleware:
-    """Refuse requests whose Host is not ours (DNS rebinding) or that come from another site's page.
-
-    `rules(request)` gives (the allowed Host names, the listed origins) in force now: read per request, so
-    a server that listens again under new settings checks by them. The same-site rule: an Origin is ours
-    only when scheme://host:port is exactly this server (one of the allowed hosts, on the port the
-    connection reached) or is listed (normalized, from the cors_origins setting); http://localhost:3000
-    calling us on :8686 is foreign. A browser's `Sec-Fetch-Site: cross-site|same-site` without such an
-    Origin is refused too (no-cors requests)."""
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        allowed_hosts, origins = rules(request)
-        # read the header itself: aiohttp's request.host falls back to this machine's name without one
-        sent = request.headers.get("Host")
-        host = (sent or "").strip().lower()
-        if not host or _host_name(host) not in allowed_hosts:
-            shown = repr(host) if sent is not None else "(no Host header)"
+    The same-site rule: an Origin is ours only when scheme://host:port is exactly this server (one of the
+    allowed hosts, on the port the connection reached) or is listed (normalized, from the cors_origins
+    setting); http://localhost:3000 calling us on :8686 is foreign. A browser's `Sec-Fetch-Site:
+    cross-site|same-site` without such an Origin is refused too (no-cors requests)."""
+    # read the header itself: aiohttp's request.host falls back to this machine's name without one
+    sent = request.headers.get("Host")
+    host = (sent or "").strip().lower()
+    if not host or _host_name(host) not in allowed_hosts:
+        shown = repr(host) if sent is not None else "(no Host header)"
+        return error_response(
+            403,
+            f"Host {shown} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
+            "the name to allowed_hosts in settings.json",
+            type_="permission_error",
+            code="host_not_allowed",
+        )
+    target = request.url  # from an absolute-form target when one is sent, else from Host
+    if (target.host or "").lower().strip("[]") not in _bare(allowed_hosts):
+        # an absolute-form target names the host the request is for (RFC 9112 3.2.2), over Host
+        return error_response(
+            403,
+            f"the request target names the host {str(target.host)[:200]!r}, which is not this server "
+            "(DNS rebinding protection); send the path only, with a Host this server answers to",
+            type_="permission_error",
+            code="host_not_allowed",
+        )
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        ours = normalize_origin(origin)
+        if not ours or (ours not in origins and ours not in own_origins(request, allowed_hosts)):
             return error_response(
                 403,
-                f"Host {shown} is not allowed (DNS rebinding protection); use http://127.0.0.1, or add "
-                "the name to allowed_hosts in settings.json",
-                type_="permission_error",
-                code="host_not_allowed",
-            )
-        target = request.url  # from an absolute-form target when one is sent, else from Host
-        if (target.host or "").lower().strip("[]") not in _bare(allowed_hosts):
-            # an absolute-form target names the host the request is for (RFC 9112 3.2.2), over Host
-            return error_response(
-                403,
-                f"the request target names the host {str(target.host)[:200]!r}, which is not this server "
-                "(DNS rebinding protection); send the path only, with a Host this server answers to",
-                type_="permission_error",
-                code="host_not_allowed",
-            )
-        origin = request.headers.get("Origin")
-        if origin is not None:
-            ours = normalize_origin(origin)
-            if not ours or (ours not in origins and ours not in own_origins(request, allowed_hosts)):
-                return error_response(
-                    403,
-                    f"Origin {origin[:200]!r} is not allowed to call this server (only its own origin, "
-                    "scheme, host and port, is); list it in cors_origins",
-                    type_="permission_error",
-                    code="origin_not_allowed",
-                )
-        elif request.headers.get("Sec-Fetch-Site", "").lower() in ("cross-site", "same-site"):
-            return error_response(
-                403,
-                "a page of another site may not call this server; list its origin in cors_origins",
+                f"Origin {origin[:200]!r} is not allowed to call this server (only its own origin, "
+                "scheme, host and port, is); list it in cors_origins",
                 type_="permission_error",
                 code="origin_not_allowed",
             )
-        return await handler(request)
-
-    return guard
+    elif request.headers.get("Sec-Fetch-Site", "").lower() in ("cross-site", "same-site"):
+        return error_response(
+            403,
+            "a page of another site may not call this server; list its origin in cors_origins",
+            type_="permission_error",
+            code="origin_not_allowed",
+        )
+    return None

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from app.core.background import running
 from app.core.errors import DownloadNotFoundError
-from app.core.events import Event
+from app.core.events import Event, EventKind
 from app.core.jobs import TERMINAL, Job, JobKind, JobRegistry, JobState
 from app.hub import download
 from app.lanes.install.jobs import EngineJob
@@ -25,6 +25,9 @@ _DOWNLOAD_ENDS = {
     "download.failed": JobState.FAILED,
     "download.cancelled": JobState.CANCELLED,
 }
+
+# what `observe` reads: a download's and an engine install's events (never request.done, once per request)
+FOLLOWED = frozenset(k for k in EventKind if k.startswith(("download.", "engine.")))
 
 
 class JobSources:
@@ -113,7 +116,7 @@ class JobSources:
             yield
 
     async def _follow(self, ready: asyncio.Event) -> None:
-        async with self.rt.bus.subscribe() as q:
+        async with self.rt.bus.subscribe(FOLLOWED) as q:
             ready.set()
             while True:
                 self.observe(await q.get())

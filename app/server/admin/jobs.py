@@ -22,7 +22,7 @@ from aiohttp import web
 
 from app.core.background import running
 from app.core.errors import BadRequestError, ConflictError, SwitchyardError
-from app.core.events import Event
+from app.core.events import Event, EventKind
 from app.core.jobs import Job, JobHandle, JobKind, JobRegistry
 from app.core.notify import NOTIFICATION_HEADER, Notifier
 from app.hub.refs import split_ref
@@ -48,6 +48,14 @@ JOBS: web.AppKey[JobRegistry] = web.AppKey("jobs", JobRegistry)
 SOURCES: web.AppKey[JobSources] = web.AppKey("job_sources", JobSources)
 UPDATES: web.AppKey[UpdateChecker] = web.AppKey("updates", UpdateChecker)
 NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
+# what the notifier is fed: every kind but the per-request and periodic ones, which it never notifies
+NOTIFIER_KINDS = frozenset(EventKind) - {
+    EventKind.REQUEST_DONE,
+    EventKind.HARDWARE_SAMPLE,
+    EventKind.DOWNLOAD_PROGRESS,
+    EventKind.ENGINE_PROGRESS,
+    EventKind.JOB_PROGRESS,
+}
 
 
 def registry(app: web.Application) -> JobRegistry | None:
@@ -114,7 +122,7 @@ async def _feeding(rt: Runtime, notifier: Notifier) -> AsyncIterator[None]:
     ready = asyncio.Event()
 
     async def follow() -> None:
-        async with rt.bus.subscribe() as q:
+        async with rt.bus.subscribe(NOTIFIER_KINDS) as q:
             ready.set()
             while True:
                 notifier.observe(await q.get())

@@ -70,7 +70,10 @@ def keep_header(name: str) -> bool:
 
 
 def _mark_sent(request: web.Request, resp: web.StreamResponse, tail: bytes) -> None:
-    """Record a stream as answered in full, with the usage its last events carry (for /metrics)."""
+    """Record a stream as answered in full, with the usage its last events carry (for /metrics); once:
+    at its terminal event, and the relay's end finds it recorded (nothing comes after that event)."""
+    if SENT_STATUS in request:
+        return
     note_usage(request, tail)
     request[SENT_STATUS] = resp.status
 
@@ -204,13 +207,14 @@ class _PumpBase(abc.ABC):
     def body_ended(self) -> bool:
         """Whether the engine's answer is whole (then its connection may end)."""
 
-    def _write(self, out: bytes) -> bool:
-        """Write `out` to the client; False (and the stream ended) when the client is gone."""
+    def _write(self, out: bytes, *, content: bool = True) -> bool:
+        """Write `out` to the client; False (and the stream ended) when the client is gone. `content`: the
+        answer's bytes (the first of them is its first byte for /metrics), not an opening written alone."""
         if self.client.is_closing():
             self._end(ConnectionResetError("the client went away"))
             return False
         self.client.write(out)
-        if self.first:
+        if self.first and content:
             self.first = False
             self.request[FIRST_BYTE] = time.perf_counter()
         if not self._paused and self.client.get_write_buffer_size() > HIGH_WATER:
@@ -327,12 +331,19 @@ class _TranslatePump(_PumpBase):
     bytes (the translation) and writes those to the client as chunk frames at once."""
 
     def __init__(
-        self, request: web.Request, proto: RawUpstream, client: asyncio.Transport, tr: Translation
+        self,
+        request: web.Request,
+        proto: RawUpstream,
+        client: asyncio.Transport,
+        tr: Translation,
+        *,
+        opens: bool = False,
     ) -> None:
         super().__init__(request, proto, client)
         self.tr = tr
         self.frames = ChunkPayload()
         self.reader = StreamReader()
+        self.opens = opens  # the opening is ours to write: once the prompt's size is known, or first
 
     @property
     def body_ended(self) -> bool:
@@ -351,15 +362,23 @@ class _TranslatePump(_PumpBase):
                 out += self.tr.feed(delta)
                 if self.tr.stopped:
                     break
-            if out and not self._write(b"%x\r\n%s\r\n" % (len(out), out)):
+            content = bool(out)
+            if self.opens and (out or not self.tr.wants_prompt_count()):
+                self.opens = False  # the engine's first chunk told the prompt's size, or content came first
+                out = self.tr.pending_opening() + out
+            if out and not self._write(b"%x\r\n%s\r\n" % (len(out), out), content=content):
                 return
         if self.body_ended or self.tr.stopped:
             self._end(None)
 
 
 @_stream_span
-async def translate_raw(request: web.Request, proto: RawUpstream, target: Target, tr: Translation) -> None:
-    """Run a local engine's event stream through `tr` into the prepared, chunked response of `request`.
+async def translate_raw(
+    request: web.Request, proto: RawUpstream, target: Target, tr: Translation, *, opens: bool = False
+) -> None:
+    """Run a local engine's event stream through `tr` into the prepared, chunked response of `request`;
+    `opens`: the opening is not written yet, and goes out before the stream's first bytes (once the
+    engine's first chunk told the prompt's size: llama.cpp's `return_progress`).
 
     Returns once the engine's stream ended (or the translation stopped it); raises the target's refusal
     for an error inside the stream, its broken-connection error if the engine went away, and
@@ -368,7 +387,7 @@ async def translate_raw(request: web.Request, proto: RawUpstream, target: Target
         client = request.transport
         if client is None or client.is_closing():
             raise ConnectionResetError("the client went away")
-        pump = _TranslatePump(request, proto, client, tr)
+        pump = _TranslatePump(request, proto, client, tr, opens=opens)
         proto.done.add_done_callback(pump.lost)
         proto.attach(pump.feed)
         try:

@@ -9,7 +9,6 @@ a whole answer is collected from the same deltas.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from app.chat.deltas import Delta
 from app.core.errors import SwitchyardError
+from app.lanes.lane_requests import speaks_llama_server
 from app.lanes.target import Target
 from app.server.gateway.core import Gateway
 from app.server.gateway.forced_call import forced_call_body, needs_forced_call
@@ -198,23 +198,28 @@ async def _translated(
     tr: Translation,
     resp: web.StreamResponse,
     pump: Callable[[], Awaitable[None]],
-    counted: Awaitable[None] | None = None,
+    *,
+    pump_opens: bool = False,
 ) -> web.StreamResponse:
     """A translated stream around `pump` (which feeds the engine's deltas to `tr` and writes what comes
     out): the opening, the prompt count a stop sequence needs, the closing, an error in the stream.
-    `counted`: the opening's prompt count, started already (it then overlaps the engine's start)."""
+    `pump_opens`: the pump writes the opening itself, once the engine's first chunk told the prompt's
+    size (relay.translate_raw), so no count is asked of the engine before it."""
     try:
         try:
-            if target.tokenizes:  # an opening that reports the prompt's size (Anthropic's message_start)
-                await (counted if counted is not None else _settle(gw, target, call, tr))
-            await resp.write(tr.opening())  # the headers go out with it: what follows is written under them
+            if pump_opens:
+                await resp.write(b"")  # the headers go out now: what follows is written under them
+            else:
+                if target.tokenizes:  # an opening that reports the prompt's size (Anthropic's message_start)
+                    await _settle(gw, target, call, tr)
+                await resp.write(tr.opening())  # the headers go out with it
             await pump()
             await _settle(gw, target, call, tr)
-            await resp.write(tr.closing())
+            await resp.write(tr.pending_opening() + tr.closing())
             if (usage := tr.usage()) is not None:
                 request[USAGE] = usage
         except SwitchyardError as exc:  # mid-stream: the status is sent already, so say it as events
-            await resp.write(tr.failed(exc))
+            await resp.write(tr.pending_opening() + tr.failed(exc))
         await resp.write_eof()
     except _RESETS:
         log.info("client went away mid-stream; closing the upstream request")
@@ -241,17 +246,13 @@ async def _stream_raw(
     encoding: Encoding,
 ) -> web.StreamResponse:
     """`_stream` without a read loop: the engine's events are translated as they arrive."""
-    body = json.dumps({**call.body, "model": target.served_name}).encode()
-    # the opening's prompt count runs while the engine reads the prompt, not before the engine is asked
-    counting = asyncio.ensure_future(_settle(gw, target, call, tr)) if target.tokenizes else None
-    if counting is not None:  # its outcome retrieved even when the stream ends before it is awaited
-        counting.add_done_callback(lambda t: t.cancelled() or t.exception())
-    try:
-        proto = await gw.open_stream(target, call.path, body)
-    except BaseException:
-        if counting is not None:
-            counting.cancel()
-        raise
+    # an opening that reports the prompt's size (Anthropic's message_start) takes it from the engine's
+    # first chunk (llama.cpp's `return_progress`, sent as the prompt's reading begins), not from a render
+    # and a tokenize asked of the engine first: two calls fewer per request. Other engines are counted
+    # first, as before (an unknown field is theirs to refuse)
+    opens = target.tokenizes and tr.wants_prompt_count() and speaks_llama_server(target.engine)
+    sent = {**call.body, "model": target.served_name, **({"return_progress": True} if opens else {})}
+    proto = await gw.open_stream(target, call.path, json.dumps(sent).encode())
     try:
         resp = resp or await _prepared(request, encoding, call, chunked=True)
         return await _translated(
@@ -261,16 +262,14 @@ async def _stream_raw(
             call,
             tr,
             resp,
-            lambda: translate_raw(request, proto, target, tr),
-            counted=counting,
+            lambda: translate_raw(request, proto, target, tr, opens=opens),
+            pump_opens=opens,
         )
     except _RESETS:
         log.info("client went away before the stream began; closing the upstream request")
         return resp or web.StreamResponse()
     finally:
         proto.close()
-        if counting is not None:
-            counting.cancel()  # done by now, unless the client left first
 
 
 async def _settle(gw: Gateway, target: Target, call: Call, tr: Translation) -> None:

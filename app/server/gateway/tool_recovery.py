@@ -175,6 +175,9 @@ class RecoveringRun:
     def opening(self) -> bytes:
         return self.inner.opening()
 
+    def pending_opening(self) -> bytes:
+        return self.inner.pending_opening()
+
     def feed(self, delta: Delta) -> bytes:
         if self.error is not None:
             return b""

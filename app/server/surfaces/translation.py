@@ -27,6 +27,11 @@ class Translation(Protocol):
 
     def waiting(self, phase: str, seconds: float) -> bytes: ...
     def opening(self) -> bytes: ...
+    def pending_opening(self) -> bytes:
+        """The opening when it has not been written yet, else nothing (a stream whose first bytes from the
+        engine carry it: the prompt's size comes with them)."""
+        ...
+
     def feed(self, delta: Delta) -> bytes: ...
     def closing(self) -> bytes: ...
     def failed(self, exc: SwitchyardError) -> bytes:
@@ -134,6 +139,9 @@ class TranslatedRun:
     def opening(self) -> bytes:
         self._opened = True
         return self.encoding.frame(self.tr.start())
+
+    def pending_opening(self) -> bytes:
+        return b"" if self._opened else self.opening()
 
     def feed(self, delta: Delta) -> bytes:
         if self._framed_text is not None and type(delta) is Text:
