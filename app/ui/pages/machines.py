@@ -247,8 +247,8 @@ class MachinesPage(Page):
             self.nearby_list.setVisible(bool(machines))
             if not machines:
                 self.report(
-                    "No machine announced itself nearby. On the other machine press Invite a machine (or run "
-                    "`switchyard peers invite`) and type the address it shows."
+                    "No machine announced itself nearby. On the other machine press Invite a machine, then "
+                    "type the address it shows here."
                 )
 
         self.desk.spawn(go(), disable=[self.find_btn], report=self.report)
