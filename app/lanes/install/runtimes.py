@@ -27,6 +27,7 @@ from typing import Any
 from app.core.errors import SettingsError
 from app.core.paths import Paths
 from app.core.settings import RUNTIME_ORDER, RUNTIMES, Settings
+from app.formats.detect import ModelKind
 from app.hardware.build_choice import Backend, backend_for
 from app.hardware.model import Hardware
 from app.hardware.probe import probe
@@ -34,14 +35,14 @@ from app.lanes.engines.llamacpp.kind import find_llama_server, xllamacpp_availab
 from app.lanes.install.containers import load_images
 from app.lanes.install.releases import Installed, ReleaseFetcher, ReleaseSpec, load_releases, platform_key
 from app.library.opening import opened_catalog
-from app.routing.engines import SD_CPP, title
+from app.routing.engines import title
 from app.routing.model import LaneInstall
-from app.routing.traits import traits_of
 
 ENV_VAR = "SWITCHYARD_RUNTIME"
 CONTAINER_CLIS = ("docker", "podman")
 LLAMA_SERVER = "llama-server"
 SD_SERVER = "sd-server"
+SD_FORMATS = frozenset({ModelKind.GGUF_DIFFUSION, ModelKind.DIFFUSERS})  # what sd-server reads
 SD_RUNTIMES = ("bin", "path")  # sd.cpp has no wheel and no image of its own
 PACKAGE = "package"  # vLLM's and SGLang's Python package, in its engine environment or this one
 Which = Callable[[str], str | None]
@@ -372,7 +373,8 @@ def find_sd_release(hardware: Hardware, *, fetcher: ReleaseFetcher) -> tuple[Ins
 def sd_needed(settings: Settings) -> list[str]:
     """The library's models that run on the sd.cpp lane (diffusers folders, diffusion GGUFs)."""
     with opened_catalog(settings, Paths.from_env(), notice=lambda _text: None) as (_library, catalog):
-        return sorted(e.id for e in catalog.scan() if SD_CPP in traits_of(e.model_format()).candidates)
+        # the image-generation formats: sd-server is the one engine that reads them
+        return sorted(e.id for e in catalog.scan() if e.model_format().kind in SD_FORMATS)
 
 
 def _pull_sd(settings: Settings, hardware: Hardware, fetcher: ReleaseFetcher) -> str:

@@ -21,6 +21,7 @@ from app.hardware.build_choice import BUILDS, BuildRule
 from app.lanes.engines.plan import CAPABILITIES, MEMORY_KINDS, ApiStyle, DraftKind
 from app.lanes.engines.registry import KINDS, engine_kinds, kind_of
 from app.library.model import LANE_FORMATS
+from app.routing import engines as routing_engines
 from app.routing.engines import LANES
 
 REPO = Path(__file__).resolve().parents[3]
@@ -168,6 +169,8 @@ def lane_names_in(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module == "app.routing.engines":
             # LANES is the vocabulary itself (a pin menu lists it); a subset of it is a list kept by hand
             lists = {a.name for a in node.names} & {"LLAMA_ENGINES", "CUDA_LANES"}
+            # ... and so is one lane's id under its constant's name (SD_CPP): the kind knows it
+            lists |= {a.name for a in node.names if getattr(routing_engines, a.name, None) in ids}
             if lists:
                 hits.append(f"{node.lineno}: imports {sorted(lists)}")
     return hits
@@ -186,7 +189,7 @@ def test_no_lane_names_outside_the_engines() -> None:
 def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "from app.routing.engines import LLAMA_ENGINES\n"
+        "from app.routing.engines import LLAMA_ENGINES, SD_CPP, title\n"
         "ok = entry.format == 'mlx' and method == 'mlx'\n"  # formats and quantization methods are fine
         "a = lane.engine == 'mlx'\n"
         "b = kind in ('llama.cpp', 'llama.cpp-compat')\n"
@@ -195,7 +198,7 @@ def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert lane_names_in(sample) == [
-        "1: imports ['LLAMA_ENGINES']",
+        "1: imports ['LLAMA_ENGINES', 'SD_CPP']",
         "3: compares ['mlx']",
         "4: compares ['llama.cpp', 'llama.cpp-compat']",
         "5: a dict keyed by ['vllm']",
