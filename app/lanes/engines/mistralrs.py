@@ -29,7 +29,7 @@ from app.hardware.build_choice import BuildRule
 from app.hardware.model import Hardware
 from app.lanes.engines.mistralrs_api import LaneParams
 from app.lanes.engines.plan import DraftKind
-from app.lanes.engines.python_kind import PythonEngineKind
+from app.lanes.engines.python_kind import PythonEngineKind, Worker
 from app.library.drafts import choose_draft
 from app.library.model import ModelEntry
 from app.routing.engines import install_hint
@@ -146,26 +146,27 @@ def with_assistant(
     return dataclasses.replace(entry, draft=pairing.draft.path)
 
 
+def mistralrs_params(entry: ModelEntry, settings: Settings) -> LaneParams:
+    gguf = entry.format == "gguf"
+    spec = speculation_for(entry.id, settings)
+    assistant = entry.draft if spec.type == "draft" and entry.draft is not None else None
+    return LaneParams(
+        model_path=str(entry.path),
+        alias=entry.id,
+        source="gguf" if gguf else "plain",
+        files=tuple(p.name for p in entry.parts or (entry.path,)) if gguf else (),
+        max_seqs=settings.override(entry.id, "parallel", settings.models.parallel),
+        mtp_model=str(assistant) if assistant else "",
+        mtp_n_predict=(spec.n_max or 0) if assistant else 0,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class MistralRsKind(PythonEngineKind):
     def capabilities(self, entry: ModelEntry, settings: Settings | None = None) -> frozenset[str]:
         if entry.format == "gguf" and entry.facts is not None and entry.facts.is_embedding:
             return frozenset()  # an embedding GGUF: llama.cpp runs it, this lane does not
         return self.offers
-
-    def worker_params(self, entry: ModelEntry, settings: Settings) -> LaneParams:
-        gguf = entry.format == "gguf"
-        spec = speculation_for(entry.id, settings)
-        assistant = entry.draft if spec.type == "draft" and entry.draft is not None else None
-        return LaneParams(
-            model_path=str(entry.path),
-            alias=entry.id,
-            source="gguf" if gguf else "plain",
-            files=tuple(p.name for p in entry.parts or (entry.path,)) if gguf else (),
-            max_seqs=settings.override(entry.id, "parallel", settings.models.parallel),
-            mtp_model=str(assistant) if assistant else "",
-            mtp_n_predict=(spec.n_max or 0) if assistant else 0,
-        )
 
     def settings_refusal(
         self, entry: ModelEntry, settings: Settings, hardware: Hardware | None
@@ -195,7 +196,7 @@ MISTRALRS = MistralRsKind(
     formats=frozenset({"gguf", "safetensors"}),
     offers=frozenset({"chat", "completions"}),
     memory="runtime-managed",  # mistral.rs sizes its own KV cache; only the measured footprint is real
-    worker="app.lanes.workers.mistralrs",
+    worker=Worker("app.lanes.workers.mistralrs", mistralrs_params),
     env=(
         ("HF_HUB_OFFLINE", "1"),  # the model is local; nothing may be fetched behind the user's back
         ("NO_COLOR", "1"),  # plain log lines in the lane log

@@ -6,25 +6,21 @@ piper-tts ships a Flask server with its own request shape; our worker (app/lanes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app.core.settings import Settings
-from app.lanes.engines.python_kind import PythonEngineKind
+from app.lanes.engines.python_kind import PythonEngineKind, Worker
 from app.lanes.workers.params import PiperParams
 from app.library.model import ModelEntry
 
 INSTALL_HINT = "switchyard engine install piper (or pip install piper-tts)"
 
 
-@dataclass(frozen=True, kw_only=True)
-class PiperKind(PythonEngineKind):
-    def worker_params(self, entry: ModelEntry, settings: Settings) -> PiperParams:
-        onnx = entry.path
-        config = onnx.with_name(onnx.name + ".json")
-        return PiperParams(model_path=str(onnx), config_path=str(config), alias=entry.id)
+def piper_params(entry: ModelEntry, settings: Settings) -> PiperParams:
+    onnx = entry.path
+    config = onnx.with_name(onnx.name + ".json")
+    return PiperParams(model_path=str(onnx), config_path=str(config), alias=entry.id)
 
 
-PIPER = PiperKind(
+PIPER = PythonEngineKind(
     lane="piper",
     title="Piper",
     runtime="piper-tts",
@@ -33,6 +29,6 @@ PIPER = PiperKind(
     formats=frozenset({"piper"}),
     offers=frozenset({"speech"}),
     memory="fixed",  # an ONNX voice of tens of MB; what it holds is its file plus onnxruntime
-    worker="app.lanes.workers.piper",
+    worker=Worker("app.lanes.workers.piper", piper_params),
     install_estimate_s=45,
 )

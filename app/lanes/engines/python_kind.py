@@ -2,8 +2,9 @@
 
 piper, whisper.cpp, MLX and mistral.rs differ only in data (the lane, the module that must import and the
 distributions that provide it, the install hint, formats, capabilities, environment additions) and in the
-params their worker gets. So each is a thin subclass of PythonEngineKind that says how to build its
-params, and a module-level instance of it that holds the data. Behaviour per state:
+params their worker gets. So each is a module-level instance of PythonEngineKind that holds the data, its
+`Worker` naming the worker module and the function that builds its params (a subclass only where a kind
+also refuses or offers differently: mistral.rs). Behaviour per state:
 
 - not installed (no engine environment, and the module does not import here): `install` says what to run,
   `start_refusal` repeats it, `build` raises EngineUnavailableError with it;
@@ -40,6 +41,14 @@ from app.library.model import ModelEntry
 from app.routing.model import LaneInstall
 
 
+@dataclass(frozen=True)
+class Worker:
+    """Our worker for a kind (app.lanes.workers.*) and how its params come from a model and the settings."""
+
+    module: str
+    params: Callable[[ModelEntry, Settings], JsonParams]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PythonEngineKind:
     """An EngineKind (lanes/engines/kind.py) for an engine that is a Python module; its fields are data."""
@@ -54,7 +63,7 @@ class PythonEngineKind:
     formats: frozenset[str]
     offers: frozenset[str]
     memory: str  # app.lanes.engines.plan.MEMORY_KINDS
-    worker: str | None = None  # our worker module (app.lanes.workers.*); None where `launch` is overridden
+    worker: Worker | None = None  # our worker and its params; None where `launch` is overridden
     requires: tuple[tuple[str, str], ...] = ()  # (module, dist) that must import too
     env: tuple[tuple[str, str], ...] = ()  # added to the engine's environment
     threads_env: str | None = None  # a variable that gets the thread count (`threads`, else usable cores)
@@ -103,10 +112,6 @@ class PythonEngineKind:
         """Why the model's own settings cannot start on this kind, checked before anything loads; None."""
         return None
 
-    def worker_params(self, entry: ModelEntry, settings: Settings) -> JsonParams:
-        """The params our worker is started with; every kind that has a `worker` says how."""
-        raise NotImplementedError(f"{type(self).__name__} names a worker but builds no params for it")
-
     def build(self, entry: ModelEntry, settings: Settings, start: StartContext) -> LaunchPlan:
         refusal = self.start_refusal(settings, start.hardware) or self.model_refusal(entry)
         refusal = refusal or self.settings_refusal(entry, settings, start.hardware)
@@ -120,14 +125,14 @@ class PythonEngineKind:
     ) -> LaunchPlan:
         """Our worker for `entry`; it reports its own port on stdout, so `start.port` is not used."""
         assert self.worker is not None, f"{type(self).__name__} has no worker and does not override launch"
-        params = self.worker_params(entry, settings)
+        params = self.worker.params(entry, settings)
         env = engine_process_env(settings_env(settings, kind=self.lane), engine, worker=True)
         env.update({"PYTHONUNBUFFERED": "1", **dict(self.env)})
         if self.threads_env:
             env[self.threads_env] = str(settings.models.threads or usable_cores())
         return LaunchPlan(
             runtime=self.runtime,
-            argv=worker_argv(self.worker, params.to_json(), ppid=start.ppid, engine=engine),
+            argv=worker_argv(self.worker.module, params.to_json(), ppid=start.ppid, engine=engine),
             env=env,
             health_path="/health",
             port=None,

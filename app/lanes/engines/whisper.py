@@ -7,25 +7,21 @@ download one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app.core.settings import Settings
 from app.hardware.cpu import usable_cores
-from app.lanes.engines.python_kind import PythonEngineKind
+from app.lanes.engines.python_kind import PythonEngineKind, Worker
 from app.lanes.workers.params import WhisperParams
 from app.library.model import ModelEntry
 
 INSTALL_HINT = "switchyard engine install whisper.cpp (or pip install pywhispercpp)"
 
 
-@dataclass(frozen=True, kw_only=True)
-class WhisperKind(PythonEngineKind):
-    def worker_params(self, entry: ModelEntry, settings: Settings) -> WhisperParams:
-        threads = settings.models.threads or usable_cores()
-        return WhisperParams(model_path=str(entry.path), alias=entry.id, threads=threads)
+def whisper_params(entry: ModelEntry, settings: Settings) -> WhisperParams:
+    threads = settings.models.threads or usable_cores()
+    return WhisperParams(model_path=str(entry.path), alias=entry.id, threads=threads)
 
 
-WHISPER = WhisperKind(
+WHISPER = PythonEngineKind(
     lane="whisper.cpp",
     title="whisper.cpp",
     runtime="pywhispercpp",
@@ -34,6 +30,6 @@ WHISPER = WhisperKind(
     formats=frozenset({"whisper-ggml"}),
     offers=frozenset({"transcription", "translation"}),
     memory="fixed",  # the ggml file plus a compute buffer of tens of MB (whisper.cpp logs both)
-    worker="app.lanes.workers.whisper",
+    worker=Worker("app.lanes.workers.whisper", whisper_params),
     install_estimate_s=60,
 )

@@ -207,18 +207,21 @@ def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
 
 
 def test_every_kind_with_a_worker_builds_its_params() -> None:
-    """PythonEngineKind.worker_params raises for a kind that names a worker and builds no params (a
-    programming error, never a user's): no registered kind may reach it."""
+    """A kind with our worker names the worker's module and the function that builds its params (a
+    `Worker`): the module is there and the builder is a function of the model and the settings."""
+    import importlib.util
+    import inspect
+
     from app.lanes.engines.python_kind import PythonEngineKind
     from app.lanes.engines.registry import KINDS
 
-    lacking = [
-        k.lane
-        for k in KINDS
-        if isinstance(k, PythonEngineKind)
-        and k.worker is not None
-        and type(k).worker_params is PythonEngineKind.worker_params
-    ]
     with_worker = [k for k in KINDS if isinstance(k, PythonEngineKind) and k.worker is not None]
     assert len(with_worker) >= 3  # piper, whisper.cpp, mistral.rs: the check sees them
+    lacking = [
+        k.lane
+        for k in with_worker
+        if k.worker is None
+        or importlib.util.find_spec(k.worker.module) is None
+        or list(inspect.signature(k.worker.params).parameters) != ["entry", "settings"]
+    ]
     assert not lacking, lacking
