@@ -21,6 +21,7 @@ import time
 
 from app.lanes.parentwatch import GONE_EXIT_CODE, server_check, set_pdeathsig
 
+_NO_HANDLER = frozenset(getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n))
 POLL_S = 0.1  # how soon a dead server or a finished engine is seen
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
@@ -52,7 +53,7 @@ def _leave_like(returncode: int) -> int:
     if returncode >= 0:
         return returncode
     sig = -returncode
-    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset (EINVAL)
+    if sig not in _NO_HANDLER:  # SIGKILL and SIGSTOP have no handler to reset (EINVAL)
         signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     return 128 + sig  # only reached for a signal that does not end a process
