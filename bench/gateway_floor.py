@@ -1,10 +1,15 @@
-"""The gateway against the floor: four sides in one run, interleaved round by round, as ratios.
+"""The gateway against the floor: five sides in one run, interleaved round by round, as ratios.
 
 Per concurrency level (1, 8, 32) and per round, in an order that rotates every round:
 
 - **floor**: `bench/relay_floor.py`'s bare uvloop protocol relay (one wake-up and one `transport.write`
   per event, no HTTP) forwarding `--floor-events` SSE-sized events 1 ms apart; its CPU per event is what
   one wake-up and one send cost on this machine right now;
+- **bare**: the same relay in front of the engine itself (both ways, nothing parsed), sent the same wave
+  as the gateway sides: its CPU per event is what a wake-up and a send cost on the real stream, beside
+  the engine's compute (the synthetic floor runs while the engine is idle, and on a 2-core machine whose
+  engine computes on both cores a wake-up there costs two to three times as much); its TTFT and
+  throughput against direct's are what any relay in its own process costs here;
 - **direct**: a wave of c identical streamed chat requests to the engine's own port;
 - **openai**: the same wave through the gateway's `/v1/chat/completions` (the byte relay);
 - **anthropic**: the equivalent wave through `/v1/messages` (the translated stream).
@@ -12,15 +17,16 @@ Per concurrency level (1, 8, 32) and per round, in an order that rotates every r
 Every request is forced to the same length by a grammar (exactly N letters, one token per event), so the
 three request sides generate the same tokens. Per round: the gateway's CPU per forwarded event (serve's
 CPU over its wave minus serve's idle rate over the direct wave, over the wave's content events) divided by
-the floor's of the same round; the added TTFT p50 against the direct wave of the same round; throughput
-over direct's. Beside each round: the 1-minute load average and the share of the machine's CPU that
-processes outside this benchmark used during the round (/proc/stat minus the benchmark, serve, the engine
-and the floor relay). A round where that share is over `--quiet-share` is marked LOADED and left out of
-the headline figure (the median over quiet rounds); when every round is loaded the figure is printed, but
-marked as loaded and judged by nothing.
+the floor's of the same round, and by the bare relay's; the added TTFT p50 against the direct wave of the
+same round; throughput over direct's. Beside each round: the 1-minute load average and the share of the
+machine's CPU that processes outside this benchmark used during the round (/proc/stat minus the
+benchmark, serve, the engine and both relays). A round where that share is over `--quiet-share` is
+marked LOADED and left out of the headline figure (the median over quiet rounds); when every round is
+loaded the figure is printed, but marked as loaded and judged by nothing.
 
     .venv/bin/python bench/gateway_floor.py                       # c = 1, 8, 32; 8 rounds each (~4 min quiet)
     .venv/bin/python bench/gateway_floor.py --rounds 3 --concurrency 1,8
+    .venv/bin/python bench/gateway_floor.py --threads 1     # the engine on one core, the other left to relays
     .venv/bin/python bench/gateway_floor.py --profile /tmp/serve-stacks.txt   # py-spy stacks of serve
 
 Exits 0 whatever the verdict: this is a benchmark, not a test.
@@ -95,6 +101,77 @@ def floor_relay(listen_port: int, upstream_port: int, streams: int) -> None:
     uvloop.run(main())
 
 
+def bare_relay(listen_port: int, upstream_port: int) -> None:
+    """The same bare uvloop relay in front of the engine itself, both ways: every client connection gets
+    its own engine connection and every byte is passed on as it arrives, nothing parsed. Its CPU per
+    event on the waves sent through it is the floor for the real stream, taken beside the engine's own
+    work (its compute threads share the cores with the relay, as they do with the gateway), where the
+    synthetic floor runs while the engine is idle."""
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        opening: set[asyncio.Task[None]] = set()
+
+        class Pipe(asyncio.Protocol):
+            def __init__(self, other: asyncio.Transport | None = None) -> None:
+                self.other = other
+                self.pending: list[bytes] = []
+                self.transport: asyncio.Transport | None = None
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = cast(asyncio.Transport, transport)
+                if self.other is None:  # a client: open its engine connection
+                    opening.add(task := loop.create_task(self._open()))
+                    task.add_done_callback(opening.discard)
+
+            async def _open(self) -> None:
+                assert self.transport is not None
+                _, up = await loop.create_connection(lambda: Pipe(self.transport), "127.0.0.1", upstream_port)
+                self.other = up.transport
+                for data in self.pending:
+                    up.transport.write(data)  # type: ignore[union-attr]
+                self.pending.clear()
+
+            def data_received(self, data: bytes) -> None:
+                if self.other is None:
+                    self.pending.append(data)
+                else:
+                    self.other.write(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.other is not None:
+                    self.other.close()
+
+        server = await loop.create_server(Pipe, "127.0.0.1", listen_port)
+        print("ready", flush=True)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+class BareRelay:
+    """`bare_relay` running in its own process for the whole run."""
+
+    def __init__(self, engine_url: str) -> None:
+        import subprocess
+
+        self.port = gw_peers.free_port()
+        upstream = int(engine_url.rsplit(":", 1)[1].split("/", 1)[0])
+        argv = [sys.executable, __file__, "--bare-relay", str(self.port), str(upstream)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def cpu_s(self) -> float:
+        return relay_floor.cpu_s(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def floor_round(events: int, gap_s: float, streams: int) -> float:
     """The floor relay's CPU per forwarded event with `streams` streams, each `events` events `gap_s`
     apart, written in ticks (one event to every stream, as an engine's batch step yields one token each)."""
@@ -158,6 +235,9 @@ class RoundFigures:
     load1: float  # 1-minute load average at the end of the round
     foreign: float  # share of the machine's CPU used by processes outside the benchmark (0..1)
     floor_us: float
+    bare_us: float  # the bare relay in front of the engine: CPU per event of the same stream
+    bare_ttft_ms: float
+    bare_tput: float
     cpu_us: dict[str, float]  # gateway side -> serve CPU per forwarded event
     added_ttft_ms: dict[str, float]
     tput: dict[str, float]  # gateway side -> tok/s over direct's
@@ -177,10 +257,11 @@ class Accounting:
 
     def __init__(self, server: go.Server) -> None:
         self.server = server
+        self.extra: list[int] = []  # the bare relay's process
 
     def own_s(self) -> float:
         t = os.times()  # this process, and the floor relays it waited for
-        pids = [self.server.proc.pid, *self.server.engine_pids]
+        pids = [self.server.proc.pid, *self.server.engine_pids, *self.extra]
         return t.user + t.system + t.children_user + t.children_system + gw_peers.tree_cpu_s(pids)
 
 
@@ -195,11 +276,12 @@ def foreign_share(ticks0: list[int], ticks1: list[int], own_s: float) -> float:
     return max(0.0, busy - own_s * hz) / total
 
 
-def make_routes(model: str, *, engine: str, gateway: str, tokens: int) -> list[go.Route]:
+def make_routes(model: str, *, engine: str, gateway: str, bare: str, tokens: int) -> list[go.Route]:
     direct = json.dumps(sf.openai_body(model, PROMPT, tokens, grammar=True)).encode()
     anthropic = sf.surface_body("anthropic", model, PROMPT, tokens, grammar=True)
     return [
         go.Route("direct", engine + sf.ROUTES["openai"], direct, "openai", "serve"),
+        go.Route("bare", bare + sf.ROUTES["openai"], direct, "openai", "bare"),
         go.Route("openai", gateway + sf.ROUTES["openai"], direct, "openai", "serve"),
         go.Route("anthropic", gateway + sf.ROUTES["anthropic"], anthropic, "anthropic", "serve"),
     ]
@@ -212,9 +294,10 @@ async def run_level(
     c: int,
     args: argparse.Namespace,
     acct: Accounting,
+    bare: BareRelay,
 ) -> Level:
-    meters: go.Meters = {"serve": acct.server.cpu_s}
-    sides = {r.name: go.Side(meter="serve") for r in routes}
+    meters: go.Meters = {"serve": acct.server.cpu_s, "bare": bare.cpu_s}
+    sides = {r.name: go.Side(meter=r.meter) for r in routes}
     level = Level(c)
     order: list[go.Route | None] = [None, *routes]  # None: the floor
     for rnd in range(args.rounds + 1):  # round 0 warms up
@@ -227,7 +310,7 @@ async def run_level(
                 events = max(1, args.floor_events // c)  # the same number of events at every level
                 floor_us = await asyncio.to_thread(floor_round, events, gap, c)
                 continue
-            session = sessions["direct" if step.name == "direct" else "gateway"]
+            session = sessions["gateway" if step.name in ("openai", "anthropic") else "direct"]
             await wave(
                 session,
                 step,
@@ -250,7 +333,15 @@ async def run_level(
             cpu[name] = 1e6 * (g.cpu_s["serve"] - idle) / g.events
             ttft[name] = 1000 * (g.ttft_s - d.ttft_s)
             tput[name] = g.tok_s / d.tok_s
-        figures = RoundFigures(rnd, os.getloadavg()[0], share, floor_us, cpu, ttft, tput)
+        b = sides["bare"].rounds.get(rnd)
+        bare_us, bare_ttft, bare_tput = (
+            (1e6 * b.cpu_s["bare"] / b.events, 1000 * (b.ttft_s - d.ttft_s), b.tok_s / d.tok_s)
+            if b is not None and b.events
+            else (float("nan"),) * 3
+        )
+        figures = RoundFigures(
+            rnd, os.getloadavg()[0], share, floor_us, bare_us, bare_ttft, bare_tput, cpu, ttft, tput
+        )
         level.rounds.append(figures)
         print_round(c, figures, args.quiet_share)
     for name, side in sides.items():
@@ -289,11 +380,15 @@ async def wave(
 
 
 def print_round(c: int, f: RoundFigures, limit: float) -> None:
-    parts = [f"c={c:<3} round {f.rnd:>2}: floor {f.floor_us:6.1f} us"]
+    parts = [
+        f"c={c:<3} round {f.rnd:>2}: floor {f.floor_us:6.1f} us | bare relay {f.bare_us:6.1f} us, "
+        f"+TTFT {f.bare_ttft_ms:6.2f} ms, tput {f.bare_tput:5.3f}"
+    ]
     for name in ("openai", "anthropic"):
         if name in f.cpu_us:
             parts.append(
-                f"{name} {f.cpu_us[name]:6.1f} us = {f.cpu_us[name] / f.floor_us:4.2f}x floor, "
+                f"{name} {f.cpu_us[name]:6.1f} us = {f.cpu_us[name] / f.floor_us:4.2f}x floor "
+                f"{f.cpu_us[name] / f.bare_us:4.2f}x bare, "
                 f"+TTFT {f.added_ttft_ms[name]:6.2f} ms, tput {f.tput[name]:5.3f}"
             )
     mark = "LOADED" if f.loaded(limit) else "quiet"
@@ -312,8 +407,8 @@ def summarize(levels: list[Level], limit: float) -> None:
         "all rounds, marked LOADED and not judged"
     )
     head = (
-        f"{'c':>3} {'side':<10}{'rounds':>9}{'load':>11}{'floor us':>10}{'gw us/ev':>10}{'x floor':>9}"
-        f"{'+TTFT ms':>10}{'tput':>8}  verdict"
+        f"{'c':>3} {'side':<10}{'rounds':>9}{'load':>11}{'floor us':>10}{'bare us':>9}{'gw us/ev':>10}"
+        f"{'x floor':>9}{'x bare':>8}{'+TTFT ms':>10}{'tput':>8}  verdict"
     )
     print(head)
     print("-" * len(head))
@@ -322,30 +417,52 @@ def summarize(levels: list[Level], limit: float) -> None:
         used = quiet or lv.rounds
         loads = [r.load1 for r in used]
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
+        if used:  # what any relay in its own process costs here: the bare one's own TTFT and throughput
+            floor, bare = _median([r.floor_us for r in used]), _median([r.bare_us for r in used])
+            ratio = _median([r.bare_us / r.floor_us for r in used])
+            ttft, tput = _median([r.bare_ttft_ms for r in used]), _median([r.bare_tput for r in used])
+            print(
+                f"{lv.concurrency:>3} {'bare':<10}{len(quiet):>3}/{len(lv.rounds):<2} q{load:>11}"
+                f"{floor:>10.1f}{bare:>9.1f}{'':>10}{ratio:>9.2f}{'':>8}{ttft:>10.2f}{tput:>8.3f}"
+                "  (no target: the relay every gateway side is read against)"
+            )
         for name in ("openai", "anthropic"):
             rows = [r for r in used if name in r.cpu_us]
             if not rows:
                 continue
             floor = _median([r.floor_us for r in rows])
+            bare = _median([r.bare_us for r in rows])
             cpu = _median([r.cpu_us[name] for r in rows])
             ratio = _median([r.cpu_us[name] / r.floor_us for r in rows])
+            ratio_bare = _median([r.cpu_us[name] / r.bare_us for r in rows])
             ttft = _median([r.added_ttft_ms[name] for r in rows])
             tput = _median([r.tput[name] for r in rows])
-            verdict = verdicts(lv.concurrency, name, ratio, ttft, tput) if quiet else "LOADED: not judged"
+            verdict = (
+                verdicts(lv.concurrency, name, ratio, ratio_bare, ttft, tput)
+                if quiet
+                else "LOADED: not judged"
+            )
             print(
                 f"{lv.concurrency:>3} {name:<10}{len(quiet):>3}/{len(lv.rounds):<2} q{load:>11}{floor:>10.1f}"
-                f"{cpu:>10.1f}{ratio:>9.2f}{ttft:>10.2f}{tput:>8.3f}  {verdict}"
+                f"{bare:>9.1f}{cpu:>10.1f}{ratio:>9.2f}{ratio_bare:>8.2f}{ttft:>10.2f}{tput:>8.3f}  {verdict}"
             )
     print(
-        "floor = bare uvloop relay CPU per event (relay_floor.py, same round); gw us/ev = serve CPU per\n"
+        "floor = bare uvloop relay CPU per event on synthetic events while the engine is idle\n"
+        "(relay_floor.py, same round); bare = the same relay in front of the engine, on the same requests\n"
+        "as the gateway (CPU per event of the real stream, beside the engine's compute); x bare = gateway /\n"
+        "bare, per round; gw us/ev = serve CPU per\n"
         "forwarded content event (its idle rate over the direct wave taken off); x floor = the per-round\n"
         "ratio's median; +TTFT = gateway TTFT p50 - direct TTFT p50 of the same round; tput = gateway tok/s\n"
         "/ direct tok/s of the same round; rounds = quiet/all"
     )
 
 
-def verdicts(c: int, side: str, ratio: float, ttft: float, tput: float) -> str:
-    out = [f"CPU {'PASS' if ratio <= TARGET_FLOOR_X[side] else 'MISS'} (<= {TARGET_FLOOR_X[side]:g}x)"]
+def verdicts(c: int, side: str, ratio: float, ratio_bare: float, ttft: float, tput: float) -> str:
+    want_x = TARGET_FLOOR_X[side]
+    out = [
+        f"CPU {'PASS' if ratio <= want_x else 'MISS'} (<= {want_x:g}x floor), "
+        f"{'PASS' if ratio_bare <= want_x else 'MISS'} (<= {want_x:g}x bare)"
+    ]
     if c in TARGET_TTFT_MS:
         want = TARGET_TTFT_MS[c]
         out.append(f"TTFT {'PASS' if ttft <= want else 'MISS'} (<= {want:g} ms)")
@@ -369,9 +486,16 @@ async def bench(args: argparse.Namespace, server: go.Server) -> list[Level]:
         engine = await go.load_model(admin, server, args.model)
         print(f"loaded {args.model}; engine at {engine}", flush=True)
         tokens = go.MODEL_MAX_TOKENS[args.model]
-        routes = make_routes(args.model, engine=engine, gateway=server.url, tokens=tokens)
-        for c in (int(x) for x in args.concurrency.split(",")):
-            levels.append(await run_level({"direct": d, "gateway": g}, routes, c=c, args=args, acct=acct))
+        bare = BareRelay(engine)
+        acct.extra.append(bare.proc.pid)
+        try:
+            routes = make_routes(args.model, engine=engine, gateway=server.url, bare=bare.url, tokens=tokens)
+            for c in (int(x) for x in args.concurrency.split(",")):
+                levels.append(
+                    await run_level({"direct": d, "gateway": g}, routes, c=c, args=args, acct=acct, bare=bare)
+                )
+        finally:
+            bare.stop()
     return levels
 
 
@@ -387,6 +511,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--floor-gap-ms", type=float, default=1.0)
     ap.add_argument("--parallel", type=int, default=32, help="engine slots")
     ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="engine CPU threads (default 0: every core the engine may use; 1 on this 2-core machine leaves "
+        "a core to the relays, as a GPU engine would)",
+    )
+    ap.add_argument(
         "--quiet-share",
         type=float,
         default=0.10,
@@ -395,6 +526,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--floor-relay", nargs=3, metavar=("LISTEN", "UPSTREAM", "STREAMS"), help=argparse.SUPPRESS
     )
+    ap.add_argument("--bare-relay", nargs=2, metavar=("LISTEN", "UPSTREAM"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of serve to this file")
     return ap.parse_args(argv)
 
@@ -404,12 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor_relay:
         floor_relay(*(int(x) for x in args.floor_relay))
         return 0
+    if args.bare_relay:
+        bare_relay(*(int(x) for x in args.bare_relay))
+        return 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sy-floor-") as tmp:
         models = Path(tmp) / "models"
         models.mkdir()
         go.write_models(models, {args.model})
-        server = go.Server(Path(tmp) / "home", models, parallel=args.parallel, threads=0, log_level="warning")
+        server = go.Server(
+            Path(tmp) / "home", models, parallel=args.parallel, threads=args.threads, log_level="warning"
+        )
         spy: gw_peers.PySpy | None = None
         try:
             server.wait_ready()
