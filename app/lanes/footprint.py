@@ -3,7 +3,9 @@
 llama.cpp prints one line per buffer at load ("CPU_Mapped model buffer size = 97.08 MiB",
 "CUDA0 KV buffer size = ...", "CPU compute buffer size = ..."); these are the figures a memory
 prediction is checked against. Values are rounded MiB in the log, so they are kept as bytes
-with that precision.
+with that precision. A split's head (llama-server with `--rpc`) names each worker's device by its
+index on that worker and the endpoint it was reached at ("RPC0[127.0.0.1:40123] model buffer size
+= ..."): those names are kept whole, one entry per worker device.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from app.core import statefile
 from app.library.footprints import footprint_entry, still_current
 
 _LINE = re.compile(
-    r"(?P<device>[A-Za-z0-9_]+)\s+(?P<what>model|KV|compute|output|RS)\s+buffer size"
+    # an RPC device carries its endpoint in brackets (an IPv6 one has brackets of its own inside)
+    r"(?P<device>[A-Za-z0-9_]+(?:\[\S+\])?)\s+(?P<what>model|KV|compute|output|RS)\s+buffer size"
     r"\s*=\s*(?P<mib>[0-9.]+)\s*MiB"
 )
 _COMPONENT = {
@@ -62,8 +65,11 @@ _GPU_DEV = re.compile(r"^(?:CUDA|ROCm|HIP|Vulkan|SYCL|MUSA|CANN|OpenCL)(\d+)$", 
 
 def device_name(raw: str) -> str:
     """Names as the memory plan uses them: 'CPU_Mapped', 'CPU_REPACK' and 'CPU' are all host memory
-    ('CPU'); a backend's GPU N ('CUDA0', 'Vulkan1', 'ROCm0') is 'GPU<N>'; Apple's 'Metal' is 'GPU0'."""
-    if raw.upper().startswith("CPU"):
+    ('CPU'), and so is a GPU backend's pinned host buffer ('CUDA_Host', 'Vulkan_Host': the small compute
+    and output buffers the host keeps on offload); a backend's GPU N ('CUDA0', 'Vulkan1', 'ROCm0') is
+    'GPU<N>'; Apple's 'Metal' is 'GPU0'. Another machine's device ('RPC0[127.0.0.1:40123]') keeps its
+    name: it is no memory of this machine."""
+    if raw.upper().startswith("CPU") or raw.endswith("_Host"):
         return "CPU"
     m = _GPU_DEV.match(raw)
     if m:

@@ -71,3 +71,22 @@ def test_store_keeps_figures_per_file_and_sets_aside_a_corrupt_file(tmp_path: Pa
     (tmp_path / "footprints.json").write_text("{not json")
     assert store.get("m", path=model) is None
     assert list(tmp_path.glob("footprints.corrupt-*"))  # kept for the user, not deleted
+
+
+def test_a_gpu_backends_pinned_host_buffers_are_host_memory() -> None:
+    """On offload the host keeps small compute and output buffers in the GPU backend's pinned memory, named
+    `<backend>_Host` (ggml-cuda.cu, ggml-vulkan.cpp, ggml-sycl.cpp of the vendored llama.cpp): the plan's
+    CPU, never a device of their own, nor GPU memory."""
+    fp = parse_footprint(
+        [
+            "I load_tensors:        CUDA0 model buffer size =  1024.00 MiB",
+            "I load_tensors:   CPU_Mapped model buffer size =    97.00 MiB",
+            "I llama_context:  CUDA_Host  output buffer size =     0.50 MiB",
+            "I llama_context:      CUDA0 compute buffer size =   300.00 MiB",
+            "I llama_context:  CUDA_Host compute buffer size =    12.00 MiB",
+            "I llama_context: Vulkan_Host compute buffer size =     4.00 MiB",
+        ]
+    )
+    assert set(fp.devices) == {"CPU", "GPU0"}
+    assert fp.devices["CPU"] == {"weights": 97 * MIB, "output": MIB // 2, "compute": 16 * MIB}
+    assert fp.devices["GPU0"] == {"weights": 1024 * MIB, "compute": 300 * MIB}

@@ -5,32 +5,18 @@ needs while the window's server serves plain HTTP. Screenshots at 1024x640 and 1
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes its QApplication
+from app.core.settings import Settings
+from tests.conftest import ServerProcess, link_models
+from tests.support.machines_window import invite, machines_page, tls_machine, tls_window
 
-from tests.conftest import REPO, ServerProcess, link_models
-
-
-def _invite(home: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "app", "peers", "invite", "--json"],
-        cwd=REPO,
-        env=dict(os.environ, SWITCHYARD_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout))
+__all__ = ["tls_machine", "tls_window"]  # the shared fixtures of the Machines page's tests
 
 
 @pytest.mark.timeout(300)
@@ -40,39 +26,25 @@ def test_pair_list_check_and_unpair_from_the_window(
     tmp_path: Path,
     isolated_env: Path,
     model_store: Path,
-    start_server: Callable[..., ServerProcess],
+    tls_machine: Callable[..., ServerProcess],
+    tls_window: Settings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("qasync")
     from PySide6.QtWidgets import QMessageBox
 
-    from app.core.paths import Paths
-    from app.core.settings import Settings
-    from app.server import tls
-    from app.ui.desktop import Desktop
-
-    bee = start_server(link_models(tmp_path / "bee-models", model_store / "tiny.gguf"), "--tls")
-    material = tls.self_signed(Paths(home=tmp_path / "certs"), host="127.0.0.1")
-    (tmp_path / "empty").mkdir()
-    settings = Settings.flat(
-        port=0,
-        models_dirs=(tmp_path / "empty",),
-        tls_cert=str(material.cert),
-        tls_key=str(material.key),
-        monitor_interval_s=0,
-    )
+    bee = tls_machine("bee", link_models(tmp_path / "bee-models", model_store / "tiny.gguf"))
     shots = Path(os.environ.get("SWITCHYARD_SCREENSHOT_DIR") or tmp_path)
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     seen: dict[str, Any] = {}
 
     async def scenario() -> None:
-        async with Desktop(Paths(home=isolated_env), settings, qapp=qapp) as desk:
+        async with machines_page(qapp, isolated_env, tls_window) as (desk, page):
             desk.window.resize(1024, 640)
-            page = desk.window.show_page("Machines")
             assert page.invite_btn.isEnabled() and "127.0.0.1" in page.here.text()
             page.invite_btn.click()  # the window's own code, for another machine to type
             seen["own code"] = page.code.text()
-            code = await asyncio.to_thread(_invite, bee.home)
+            code = await asyncio.to_thread(invite, bee.home)
             page.address.setText(bee.url.split("//", 1)[1])
             page.pair_code.setText(code["code"])
             page.name.setText("bee")

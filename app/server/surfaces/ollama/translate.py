@@ -532,6 +532,10 @@ def remote_tag(m: dict[str, str]) -> dict[str, Any]:
     }
 
 
+# size_vram is this machine's GPU memory: a split's workers ("RPC0[127.0.0.1:PORT]") hold theirs elsewhere
+_THIS_GPU = re.compile(r"GPU\d+$")
+
+
 def running(entry: ModelEntry, snapshot: dict[str, Any], *, ttl_s: float) -> dict[str, Any]:
     """An /api/ps row from a ready lane's snapshot: measured memory where the engine reported it."""
     measured, predicted = snapshot.get("measured"), snapshot.get("predicted")
@@ -540,11 +544,11 @@ def running(entry: ModelEntry, snapshot: dict[str, Any], *, ttl_s: float) -> dic
         for dev, parts in measured["devices"].items():
             total = sum(int(v) for v in parts.values())
             size += total
-            vram += 0 if dev == "CPU" else total
+            vram += total if _THIS_GPU.match(dev) else 0
     elif predicted:
         for d in predicted.get("devices", ()):
             size += int(d["total"])
-            vram += 0 if d["device"] == "CPU" else int(d["total"])
+            vram += int(d["total"]) if _THIS_GPU.match(d["device"]) else 0
     params = snapshot.get("params") or {}
     last = snapshot.get("last_used") or time.time()
     row = tag(entry)
