@@ -414,9 +414,35 @@ def _split_lines(doc: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _multinode_lines(doc: dict[str, Any]) -> list[str]:
+    """A multi-node vLLM/SGLang plan (explain --across on a safetensors model): per machine, and each
+    peer's own check of its part."""
+    plan = doc.get("multinode")
+    if not isinstance(plan, dict):
+        return []
+    across = ", ".join(plan.get("across") or [])
+    if plan.get("refused"):
+        return [f"{plan.get('engine')} across this machine and {across}: {plan['refused']}", ""]
+    out = [
+        f"{plan['engine']} across this machine and {across}: tensor parallel {plan['tensor_parallel']} x "
+        f"pipeline parallel {plan['pipeline_parallel']}, layers {plan['layer_partition']}, context "
+        f"{plan['max_model_len']}, rendezvous {plan['master']}"
+    ]
+    for node in plan.get("nodes") or []:
+        gpus = ",".join(map(str, node["gpus"]))
+        out.append(
+            f"  rank {node['rank']} {node['node']:<14} GPU {gpus}: {fmt_bytes(node['card_bytes'])} per card "
+            f"(memory flag {node['fraction']}), layers {node['layers'][0]}-{node['layers'][1] - 1}"
+        )
+    for part in plan.get("peers") or []:
+        said = part.get("refused") or f"would start {' '.join(part.get('argv') or [])}"
+        out.append(f"  {part.get('peer')}: {said}")
+    return [*out, *(f"  note: {n}" for n in plan.get("notes") or []), ""]
+
+
 def render(doc: dict[str, Any]) -> str:
     """The explanation as terminal text: decision, memory per device, placements, advice, measured."""
-    out = [doc["decision_text"].rstrip(), "", *_split_lines(doc)]
+    out = [doc["decision_text"].rstrip(), "", *_split_lines(doc), *_multinode_lines(doc)]
     fit = doc.get("fit")
     for engine, share in (doc.get("gpu_shares") or {}).items():
         out.append(f"memory on {engine}: {share['summary']}")

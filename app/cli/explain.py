@@ -31,7 +31,8 @@ def register(sub: Subparsers) -> None:
     ex.add_argument(
         "--across",
         metavar="PEER[,PEER]",
-        help="plan a split of this GGUF over this machine and these paired peers (asks the running server)",
+        help="plan this model over this machine and these paired peers: a GGUF split (llama.cpp RPC), or a "
+        "safetensors model on vLLM/SGLang, one process per machine (asks the running server)",
     )
     ex.add_argument("--url", help="ask this running server (default: the one recorded, if it answers)")
     ex.add_argument("--local", action="store_true", help="do not ask a running server")

@@ -110,7 +110,7 @@ def not_wired(settings: Settings, *, model_id: str | None = None) -> tuple[str, 
 
 
 # kept per model under the load body's names, not as a plan parameter of the same name
-_SET_KEYS = ("speculative", "lora", "split")
+_SET_KEYS = ("speculative", "lora", "split", "nodes")
 
 
 def effective(params: dict[str, Any] | None, settings: Settings, *, model_id: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from app.core.errors import (
 )
 from app.core.events import EventBus
 from app.core.pins import PinStore
+from app.core.platform.ports import free_loopback_port
 from app.core.policy import parse_policy
 from app.core.settings import Settings
 from app.core.units import MIB
@@ -95,12 +95,6 @@ class _Prepared:
     kind: EngineKind | None = None
     error: SwitchyardError | None = None
     memo: dict[Hashable, object] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Supervisor(SessionOwner):
@@ -213,7 +207,7 @@ class Supervisor(SessionOwner):
             # so subtract what the other loaded lanes were planned to take there
             hw = dataclasses.replace(hw, memory=read_memory())
         start = StartContext(
-            ppid=os.getpid(), port=free_port(), hardware=hw, used=self.gpu_used(exclude=entry.id)
+            ppid=os.getpid(), port=free_loopback_port(), hardware=hw, used=self.gpu_used(exclude=entry.id)
         )
         with start_scope(prep.memo):
             plan = kind.build(prep.entry, self.settings, start)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from app.formats.detect import ModelFormat, ModelKind
 from app.formats.gguf_adapter import ADAPTER_NOTE
 from app.hardware.model import Hardware
-from app.routing.engines import LANES, LLAMA_CPP, LLAMA_CPP_COMPAT, install_hint, title, titles
+from app.lanes.engines.facts import FACTS, facts_of
+from app.routing.engines import LANES, install_hint, title, titles
 from app.routing.machine import hardware_reason, hardware_refusal
 from app.routing.model import Decision, FitCheck, LaneInstall, Rejection, RejectionKind
 from app.routing.traits import (
@@ -58,9 +59,9 @@ def _architecture_refusal(lane: str, traits: ModelTraits, install: LaneInstall) 
     if traits.architectures and all(a.casefold() in refused for a in traits.architectures):
         name = title(lane)
         engine = f"{name} ({install.version})" if install.version else name
-        return (
-            f"{engine} does not load the {traits.architecture} architecture (it said so when asked); "
-            f"register a llama.cpp build that does: {install_hint(LLAMA_CPP_COMPAT)}."
+        tip = f.architecture_tip if (f := facts_of(lane)) else ""
+        return f"{engine} does not load the {traits.architecture} architecture (it said so when asked)" + (
+            f"; {tip}." if tip else "."
         )
     supported = install.supported_architectures
     if supported is None or not traits.architectures:
@@ -84,53 +85,56 @@ def _installed_reason(lane: str, install: LaneInstall) -> str:
     return f"{title(lane)}{version} is installed{note}."
 
 
-def _assess(
-    lane: str,
-    traits: ModelTraits,
-    *,
-    hardware: Hardware,
-    installed: Mapping[str, LaneInstall],
-    fit: FitFn | None,
-) -> _Verdict:
-    def no(kind: RejectionKind, message: str) -> _Verdict:
-        return _Verdict(lane, Rejection(lane, kind, message))
+@dataclass(frozen=True)
+class _Weighing:
+    """One model on this machine: what each lane's verdict is read from."""
 
-    if traits.problem and (traits.kind is ModelKind.UNKNOWN or lane in traits.candidates):
-        return no("broken_model", traits.problem)
-    if lane not in traits.candidates:
-        return no("format", format_refusal(lane, traits))
-    refusal = hardware_refusal(lane, traits, hardware)
-    if refusal:
-        return no("hardware", refusal)
-    install = installed.get(lane)
-    if install is None or not install.installed:
-        return no("not_installed", _not_installed(lane, install))
-    unsupported = _architecture_refusal(lane, traits, install)
-    if unsupported:
-        return no("architecture", unsupported)
-    check = fit(lane) if fit is not None else None
-    if check is not None and not check.fits:
-        return no("does_not_fit", check.summary)
-    reasons = (
-        format_reason(lane, traits),
-        hardware_reason(lane, traits, hardware),
-        _installed_reason(lane, install),
-        f"It fits: {check.summary}" if check is not None else None,
-    )
-    return _Verdict(lane, None, tuple(r for r in reasons if r))
+    traits: ModelTraits
+    hardware: Hardware
+    installed: Mapping[str, LaneInstall]
+    fit: FitFn | None
+
+    def verdict(self, lane: str) -> _Verdict:
+        def no(kind: RejectionKind, message: str) -> _Verdict:
+            return _Verdict(lane, Rejection(lane, kind, message))
+
+        if self.traits.problem and (self.traits.kind is ModelKind.UNKNOWN or lane in self.traits.candidates):
+            return no("broken_model", self.traits.problem)
+        if lane not in self.traits.candidates:
+            return no("format", format_refusal(lane, self.traits))
+        refusal = hardware_refusal(lane, self.traits, self.hardware)
+        if refusal:
+            return no("hardware", refusal)
+        install = self.installed.get(lane)
+        if install is None or not install.installed:
+            return no("not_installed", _not_installed(lane, install))
+        unsupported = _architecture_refusal(lane, self.traits, install)
+        if unsupported:
+            return no("architecture", unsupported)
+        check = self.fit(lane) if self.fit is not None else None
+        if check is not None and not check.fits:
+            return no("does_not_fit", check.summary)
+        reasons = (
+            format_reason(lane, self.traits),
+            hardware_reason(lane, self.traits, self.hardware),
+            _installed_reason(lane, install),
+            f"It fits: {check.summary}" if check is not None else None,
+        )
+        return _Verdict(lane, None, tuple(r for r in reasons if r))
 
 
 def _lanes(traits: ModelTraits, installed: Mapping[str, LaneInstall]) -> tuple[ModelTraits, tuple[str, ...]]:
-    """The traits and lanes to weigh: a registered capability build (llama.cpp-compat) joins right after
-    llama.cpp; without one it is left out altogether, so nothing changes for anyone who has none."""
-    compat = installed.get(LLAMA_CPP_COMPAT)
-    if compat is None or not compat.installed:
-        return traits, tuple(lane for lane in LANES if lane != LLAMA_CPP_COMPAT)
-    if LLAMA_CPP in traits.candidates:
-        at = traits.candidates.index(LLAMA_CPP) + 1
-        candidates = (*traits.candidates[:at], LLAMA_CPP_COMPAT, *traits.candidates[at:])
-        traits = dataclasses.replace(traits, candidates=candidates)
-    return traits, LANES
+    """The traits and lanes to weigh: a lane weighed only while a build is registered (llama.cpp-compat,
+    `registered_only`) is left out altogether without one, so nothing changes for anyone who has none."""
+    absent = {
+        f.id
+        for f in FACTS
+        if f.registered_only and not ((i := installed.get(f.id)) is not None and i.installed)
+    }
+    if not absent:
+        return traits, LANES
+    candidates = tuple(lane for lane in traits.candidates if lane not in absent)
+    return dataclasses.replace(traits, candidates=candidates), tuple(x for x in LANES if x not in absent)
 
 
 def _missing(lane: str, installed: Mapping[str, LaneInstall]) -> Rejection:
@@ -162,7 +166,7 @@ def check_pin(
     traits, lanes = _lanes(traits_of(fmt), installed)
     if lane not in lanes:  # the capability lane with no build registered
         return _refusal_text(_Verdict(lane, _missing(lane, installed)))
-    return _refusal_text(_assess(lane, traits, hardware=hardware, installed=installed, fit=fit))
+    return _refusal_text(_Weighing(traits, hardware, installed, fit).verdict(lane))
 
 
 def _kinds(verdicts: list[_Verdict]) -> str:
@@ -239,9 +243,8 @@ def decide(
     A pin to a lane that can run the model chooses it. A pin to one that cannot is refused: the usual choice
     applies and the first reason says why the pin was refused. No lane at all: `lane` is None."""
     traits, lanes = _lanes(traits_of(fmt), installed)
-    verdicts = {
-        lane: _assess(lane, traits, hardware=hardware, installed=installed, fit=fit) for lane in lanes
-    }
+    weighing = _Weighing(traits, hardware, installed, fit)
+    verdicts = {lane: weighing.verdict(lane) for lane in lanes}
     pin = (pins or {}).get(model_id)
     refused = None
     if pin is not None:

@@ -1,16 +1,18 @@
 """Whether this machine can run a lane (for this model), and the sentence that says so either way.
 
-vLLM and SGLang: Linux with an NVIDIA GPU of compute capability 7.0 or newer (higher for some quantized
-weights, see traits). A GPU whose compute capability could not be read is given the benefit of the doubt,
-and the reason says so. MLX: Apple Silicon macOS; on Linux its CPU build runs MLX folders, slowly. The
-other lanes run on any machine (on the CPU when there is no GPU).
+A lane says what it needs (app/lanes/engines/facts.py `Needs`). CUDA (vLLM, SGLang): Linux with an NVIDIA
+GPU of compute capability 7.0 or newer (higher for some quantized weights, see traits). A GPU whose compute
+capability could not be read is given the benefit of the doubt, and the reason says so. Apple (MLX): Apple
+Silicon macOS; on Linux its CPU build runs MLX folders, slowly. The other lanes run on any machine (on the
+CPU when there is no GPU).
 """
 
 from __future__ import annotations
 
 from app.formats.detect import ModelKind
 from app.hardware.model import GPUInfo, Hardware
-from app.routing.engines import CUDA_LANES, MLX, title
+from app.lanes.engines.facts import Needs, facts_of
+from app.routing.engines import title
 from app.routing.traits import ModelTraits
 
 _OS_NAMES = {"linux": "Linux", "darwin": "macOS", "windows": "Windows"}
@@ -111,18 +113,24 @@ def _mlx_refusal(traits: ModelTraits, hw: Hardware) -> str | None:
     )
 
 
+def _needs(lane: str) -> Needs:
+    return f.needs if (f := facts_of(lane)) else Needs.ANY
+
+
 def hardware_refusal(lane: str, traits: ModelTraits, hw: Hardware) -> str | None:
     """Why this machine cannot run `lane` for this model (what to do included), or None."""
-    if lane in CUDA_LANES:
+    needs = _needs(lane)
+    if needs is Needs.CUDA:
         return _cuda_refusal(lane, traits, hw)
-    if lane == MLX:
+    if needs is Needs.APPLE:
         return _mlx_refusal(traits, hw)
     return None
 
 
 def hardware_reason(lane: str, traits: ModelTraits, hw: Hardware) -> str | None:
     """What about this machine makes `lane` work (for a lane hardware_refusal passed), or None."""
-    if lane in CUDA_LANES:
+    machine = _needs(lane)
+    if machine is Needs.CUDA:
         need, why = traits.min_compute_capability()
         gpu = _best_nvidia(hw)
         if gpu is None:  # hardware_refusal turns the lane down first; nothing to say here
@@ -134,9 +142,9 @@ def hardware_reason(lane: str, traits: ModelTraits, hw: Hardware) -> str | None:
                 f"The compute capability of the {gpu.name} could not be read; {needs}, so it may not start."
             )
         return f"The {gpu.name} here has compute capability {_cc_text(cc)}; {needs}."
-    if lane == MLX and apple_silicon(hw):
+    if machine is Needs.APPLE and apple_silicon(hw):
         return "Apple Silicon: MLX runs on the GPU through Metal, in unified memory."
-    if lane == MLX:
+    if machine is Needs.APPLE:
         return (
             "This is the Linux CPU build of MLX: it runs, but slowly (no GPU); a GGUF build of this model "
             "on llama.cpp will be much faster."

@@ -1,10 +1,10 @@
 """What routing needs to know about a model, taken from its ModelFormat: which lanes read it, in which order
 of preference, its architecture names, and how its weights are quantized.
 
-The format rules (preference order): GGUF -> llama.cpp, mistral.rs; quantized safetensors -> SGLang, vLLM;
-plain safetensors -> vLLM, SGLang, MLX, mistral.rs (hardware narrows it: CUDA, Apple Silicon, elsewhere);
-MLX -> MLX; diffusers and diffusion GGUFs -> sd.cpp; whisper ggml -> whisper.cpp; piper voices -> piper;
-an mmproj alone, an unknown file or an unrecognised quantization -> no lane.
+Which lanes read a model, and in which order, is each lane's `routes` (app/lanes/engines/facts.py), by the
+model's route key: its format, split where the lanes split it (a GGUF that pools its output; safetensors
+plain or quantized for CUDA kernels). An mmproj alone, an unknown file, an encoder or an unrecognised
+quantization -> no lane.
 """
 
 from __future__ import annotations
@@ -16,20 +16,8 @@ from app.formats.diffusers_meta import DiffusersPipeline
 from app.formats.gguf_layout import GGUFLayout
 from app.formats.safetensors_meta import SafetensorsModel
 from app.formats.speech_meta import WhisperGGML
-from app.routing.engines import (
-    LLAMA_CPP,
-    LLAMA_CPP_COMPAT,
-    MISTRAL_RS,
-    MLX,
-    PIPER,
-    SD_CPP,
-    SGLANG,
-    VLLM,
-    WHISPER_CPP,
-    runs,
-    title,
-    titles,
-)
+from app.lanes.engines.facts import FACTS, facts_of
+from app.routing.engines import runs, title, titles
 
 # Quantization methods the CUDA lanes load, with the compute capability their kernels need (vLLM's
 # quantization hardware table: AWQ kernels start at Turing, FP8 at Ada; the lanes themselves need Volta).
@@ -56,6 +44,7 @@ class ModelTraits:
     quant_scheme: str | None
     description: str  # "AWQ-quantized safetensors (Qwen2ForCausalLM)"
     companions: tuple[str, ...] = ()  # mmproj file names that load with a GGUF
+    route: str = ""  # the key of the lanes' `routes` (route_key)
 
     @property
     def architecture(self) -> str | None:
@@ -106,25 +95,17 @@ def _architectures(fmt: ModelFormat) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n))
 
 
-def _safetensors_candidates(method: str | None) -> tuple[str, ...]:
-    if method is None:
-        return (VLLM, SGLANG, MLX, MISTRAL_RS)
-    if method in _QUANT_MIN_CC:
-        return (SGLANG, VLLM)
-    return ()  # a method no lane here loads; every lane says so
+def route_key(kind: ModelKind, *, quant_method: str | None, pooled: bool) -> str:
+    """What the lanes' `routes` are keyed by (app/lanes/engines/facts.py): the format, or a part of it."""
+    if kind is ModelKind.SAFETENSORS and quant_method is not None:
+        return "safetensors-quantized" if quant_method in _QUANT_MIN_CC else "safetensors-unloadable"
+    return "gguf-pooled" if pooled else kind.value
 
 
-_CANDIDATES = {
-    ModelKind.GGUF: (
-        LLAMA_CPP,
-        MISTRAL_RS,
-    ),  # llama.cpp-compat joins after llama.cpp when registered (decide)
-    ModelKind.GGUF_DIFFUSION: (SD_CPP,),
-    ModelKind.MLX: (MLX,),
-    ModelKind.DIFFUSERS: (SD_CPP,),
-    ModelKind.WHISPER_GGML: (WHISPER_CPP,),
-    ModelKind.PIPER: (PIPER,),
-}
+def _candidates(route: str) -> tuple[str, ...]:
+    """The lanes that read a model of this route key, most preferred first (ties in the canonical order)."""
+    found = [f for f in FACTS if route in f.routes]
+    return tuple(f.id for f in sorted(found, key=lambda f: f.routes[route]))
 
 
 def quant_title(method: str | None, scheme: str | None) -> str:
@@ -162,12 +143,8 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
         is_st and isinstance(fmt.facts, SafetensorsModel) and _not_generative(fmt.facts.config.architectures)
     )
     pooled = _pooled(fmt)
-    if fmt.kind is ModelKind.SAFETENSORS:
-        candidates = () if encoder else _safetensors_candidates(method)
-    elif pooled is not None:  # mistral.rs runs generative models only: every request would fail 503
-        candidates = (LLAMA_CPP,)
-    else:
-        candidates = _CANDIDATES.get(fmt.kind, ())
+    route = route_key(fmt.kind, quant_method=method, pooled=pooled is not None)
+    candidates = () if encoder else _candidates(route)
     archs = _architectures(fmt)
     return ModelTraits(
         kind=fmt.kind,
@@ -178,6 +155,7 @@ def traits_of(fmt: ModelFormat) -> ModelTraits:
         quant_scheme=scheme,
         description=pooled or _describe(fmt, archs[0] if archs else None, quant_title(method, scheme)),
         companions=tuple(p.name for p in fmt.companions) if fmt.kind is ModelKind.GGUF else (),
+        route=route,
     )
 
 
@@ -222,35 +200,19 @@ def format_refusal(lane: str, traits: ModelTraits) -> str:
     text = f"{title(lane)} {runs(lane)}; this is {traits.description}."
     if traits.candidates:
         text += f" {titles(traits.candidates)} {'runs' if len(traits.candidates) == 1 else 'run'} it."
-    if lane == LLAMA_CPP and traits.kind in (ModelKind.SAFETENSORS, ModelKind.MLX):
-        text += " To use llama.cpp, download a GGUF build of this model."
-    return text
+    facts = facts_of(lane)
+    return text + (facts.refusal_tips.get(traits.route, "") if facts else "")
 
 
 def format_reason(lane: str, traits: ModelTraits) -> str:
     """Why `lane` is the right kind of engine for this model (the first reason of a decision)."""
-    if traits.kind is ModelKind.GGUF and lane == LLAMA_CPP:
-        text = "GGUF is llama.cpp's own format: it loads the file as it is."
-        if traits.companions:
-            text += f" The vision projector beside it ({', '.join(traits.companions)}) loads with it."
-        return text
-    if traits.kind is ModelKind.GGUF and lane == LLAMA_CPP_COMPAT:
-        return (
-            "GGUF is llama.cpp's own format; this second llama.cpp build loads architectures the default "
-            "build does not."
-        )
-    if traits.kind is ModelKind.GGUF:
-        return f"{title(lane)} reads GGUF too (llama.cpp comes first for GGUF)."
-    if traits.quantized_for_cuda:
-        return f"This is {traits.description}, which needs CUDA kernels: SGLang, then vLLM, run it."
-    if traits.kind is ModelKind.SAFETENSORS and lane in (VLLM, SGLANG):
-        return "Plain safetensors on an NVIDIA GPU: vLLM, then SGLang, serve the weights as they are."
-    if traits.kind is ModelKind.SAFETENSORS and lane == MLX:
-        return "Plain safetensors on Apple Silicon: MLX loads the weights as they are."
-    if traits.kind is ModelKind.SAFETENSORS:
-        return "mistral.rs loads plain safetensors on any machine (CPU, CUDA or Metal)."
-    if traits.kind is ModelKind.MLX:
-        return f"This is {traits.description}: MLX is the engine it was converted for."
-    if traits.kind is ModelKind.GGUF_DIFFUSION:
-        return f"This is {traits.description}: stable-diffusion.cpp runs it (llama.cpp runs language models)."
-    return f"This is {traits.description}: {title(lane)} {runs(lane)}."
+    facts = facts_of(lane)
+    reason = facts.reasons.get(traits.route) if facts else None
+    if reason is None:
+        return f"This is {traits.description}: {title(lane)} {runs(lane)}."
+    companions = (
+        f" The vision projector beside it ({', '.join(traits.companions)}) loads with it."
+        if traits.companions
+        else ""
+    )
+    return reason.format(description=traits.description, companions=companions)

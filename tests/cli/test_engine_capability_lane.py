@@ -4,7 +4,9 @@ knows that lane by its registered kind (app/lanes/engines/llamacpp/compat.py), n
 from __future__ import annotations
 
 from app.cli.engine import _is_capability_lane
-from app.routing.engines import LANES, LLAMA_CPP_COMPAT
+from app.routing.engines import LANES
+
+LLAMA_CPP_COMPAT = "llama.cpp-compat"
 
 
 def test_only_the_capability_lane_is_surveyed_after_install() -> None:

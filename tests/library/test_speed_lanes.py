@@ -12,7 +12,9 @@ from app.fit.memory import MIB
 from app.lanes.engines.registry import calibrating_lanes
 from app.library.speeds import LoadKey, Speed, SpeedStore, calibrate
 from app.library.store import Library
-from app.routing.engines import LANES, LLAMA_CPP
+from app.routing.engines import LANES
+
+LLAMA_CPP = "llama.cpp"
 
 BANDWIDTH = 20e9  # bytes/s: 100 MiB a token bounds a model at ~190 tokens/s
 

@@ -1,8 +1,18 @@
-"""Who holds a listening TCP port, for the "port in use" message."""
+"""Loopback ports: a free one for a child process to listen on, and who holds a listening one (for the
+"port in use" message)."""
 
 from __future__ import annotations
 
+import socket
 import sys
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS's choice; the child that binds
+    it next may still lose a race, and says so when it cannot bind)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def port_owner(port: int) -> str | None:

@@ -13,7 +13,17 @@ from app.core.speculation import adapters_of, speculation_of
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "on", "off")
 # the keys `POST /api/models/{id}/load` takes; a model_overrides entry takes them and a few more
-LOAD_KEYS = ("ctx_size", "parallel", "kv_type", "flash_attn", "gpu_layers", "speculative", "lora", "split")
+LOAD_KEYS = (
+    "ctx_size",
+    "parallel",
+    "kv_type",
+    "flash_attn",
+    "gpu_layers",
+    "speculative",
+    "lora",
+    "split",
+    "nodes",
+)
 OVERRIDE_KEYS = ("ttl_s", *LOAD_KEYS, "session_bank", "mmproj", "max_output")
 # kept and shown, but no engine reads them yet: answers say so rather than pretend (none today: the
 # llama.cpp lane reads speculative and lora, docs/engines.md#speculative-decoding)
@@ -116,7 +126,9 @@ def _check_override(place: str, key: str, value: Any) -> None:
         if not isinstance(value, str):
             raise SettingsError(f'{where} must be a path to an mmproj .gguf file (or "none"), got {value!r}')
         return
-    if key == "split":  # the paired peers a GGUF is split across (app/lanes/peers/split.py)
+    # split: the paired peers a GGUF is split across (app/lanes/peers/split.py); nodes: those a safetensors
+    # model runs across on vLLM or SGLang, one engine process each (app/lanes/peers/multihead.py)
+    if key in ("split", "nodes"):
         names = value.split(",") if isinstance(value, str) else value
         if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
             raise SettingsError(

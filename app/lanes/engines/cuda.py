@@ -25,7 +25,14 @@ from app.fit.gpu_share import ShareRule, plan_gpu_share, valid_tensor_parallel
 from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.build_choice import BuildRule
 from app.hardware.model import GPUInfo, Hardware
-from app.lanes.engines.kind import engine_process_env, engine_python, files_footprint, find_binary
+from app.lanes.engines import nodes_seam
+from app.lanes.engines.kind import (
+    EnginePython,
+    engine_process_env,
+    engine_python,
+    files_footprint,
+    find_binary,
+)
 from app.lanes.engines.plan import ApiStyle, LaunchPlan, StartContext
 from app.lanes.engines.python_kind import PythonEngineKind
 from app.lanes.install.containers import engine_in_container, load_images
@@ -244,6 +251,9 @@ class CudaKind(PythonEngineKind):
         fmt = entry.model_format()
         if not isinstance(fmt.facts, SafetensorsModel):
             raise EngineUnavailableError(f"{entry.id!r} is not a safetensors model folder: {fmt.problem}")
+        nodes = nodes_seam.nodes_of(settings, entry.id)
+        if nodes:  # across paired peers (its `nodes`): the server's node broker starts every machine's part
+            return nodes_seam.launch_across(self.lane, entry, settings, start, nodes)
         package = super().install(settings)
         choice = choose_engine_runtime(self.lane, settings, package=package, hardware=hardware)
         if choice.runtime is None:
@@ -275,15 +285,22 @@ class CudaKind(PythonEngineKind):
                 ppid=ppid,
                 engine_env=settings.engines.engine_env.get(self.lane),
             )
-        # the engine's own environment first, then the venv's own `vllm`: the server's may not be on PATH
-        engine = engine_python(self.lane, self.module, self.dist())
-        python = engine.python if engine and engine.managed else sys.executable
-        exe: str | None = python  # SGLang: python -m sglang.launch_server
-        if self.lane == "vllm":
-            beside = Path(python).with_name("vllm")
-            exe = str(beside) if beside.is_file() else find_binary("vllm", None)
+        exe, engine = engine_program(self.lane)
         plan = plan_with(exe)
         return dataclasses.replace(plan, env=engine_process_env(dict(plan.env), engine, worker=False))
+
+
+def engine_program(lane: str) -> tuple[str | None, EnginePython | None]:
+    """What starts `lane`'s server here, and the engine environment it runs from (None: this interpreter):
+    SGLang's Python (`-m sglang.launch_server`); vLLM's `vllm` beside that Python (the server's PATH may
+    not hold it), else on PATH, else None."""
+    kind = VLLM if lane == "vllm" else SGLANG
+    engine = engine_python(kind.lane, kind.module, kind.dist())
+    python = engine.python if engine and engine.managed else sys.executable
+    if lane != "vllm":
+        return python, engine
+    beside = Path(python).with_name("vllm")
+    return (str(beside) if beside.is_file() else find_binary("vllm", None)), engine
 
 
 def _cuda_kind(lane: str, title: str, share: ShareRule) -> CudaKind:

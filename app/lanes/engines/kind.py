@@ -34,7 +34,7 @@ from app.routing.model import LaneInstall
 class EngineKind(Protocol):
     @property
     def lane(self) -> str:
-        """The routing lane id (app/routing/engines.py)."""
+        """The lane id: its row in app/lanes/engines/facts.py (title, routes, what machine it needs)."""
         ...
 
     @property

@@ -22,7 +22,8 @@ Memory: each node's cards are planned by app/fit/gpu_share.py for the part of th
 (its layers; the embeddings on the first stage; the output head on the last), and the layer split is
 pinned with VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION, so the engines split as planned rather
 than by their own rule. The plan is pure: the head makes it and hands each node its NodeLaunch (JSON);
-each node turns its own into a command with its own executable, port and parent (`node_command`).
+each node turns its own into a command with its own executable, port and parent (`node_command`), after
+its own checks (app/lanes/engines/multinode_part.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import dataclasses
 import json
 import shlex
 import socket
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -52,7 +52,6 @@ from app.formats.safetensors_meta import SafetensorsModel
 from app.hardware.model import GPUInfo
 from app.lanes.engines.cuda import CudaParams, compute_capability, max_model_len, share_rule
 from app.lanes.engines.plan import ApiStyle, LaunchPlan
-from app.lanes.peers.store import PeerSpec
 from app.lanes.proc import settings_env
 from app.routing.traits import CUDA_MIN_CC
 
@@ -216,21 +215,24 @@ def _int(value: Any) -> int | None:
 
 
 def node_of_peer(
-    spec: PeerSpec,
+    name: str,
     *,
+    address: str,
     hardware: Mapping[str, Any] | None,
+    trusted_network: bool,
     model_path: str,
     interface: str | None = None,
     promised: int = 0,
 ) -> Node:
-    """A paired peer as a node: its address from its API root, its GPUs from its own probe, its flag."""
-    host = urllib.parse.urlsplit(spec.url).hostname or ""
+    """A paired peer as a node: `address` (the host of its API root), its GPUs from its own probe as
+    `/peer/info` sends it, and whether this machine marked the network to it trusted. Plain fields, so the
+    engines need not know the peers' store."""
     return Node(
-        name=spec.name,
-        address=host,
+        name=name,
+        address=address,
         gpus=gpus_of(hardware),
         model_path=model_path,
-        trusted_network=spec.trusted_network,
+        trusted_network=trusted_network,
         interface=interface,
         promised=promised,
     )

@@ -80,7 +80,7 @@ class LaunchPlan:
     port: int | None  # None: the process reports its port on stdout
     params: Any  # a dataclass with `model_path`
     fit: FitReport | None = None
-    engine: str = "llama.cpp"  # the lane id (app/routing/engines.py)
+    engine: str = "llama.cpp"  # the lane id (app/lanes/engines/facts.py)
     api: ApiStyle = ApiStyle.LLAMA_SERVER  # the kind's api_style, for the lane and the session bank
     memory: str = "planned"
     prediction: dict[str, Any] | None = None  # for kinds whose plan is not a FitReport (a GPU share)

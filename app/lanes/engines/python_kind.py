@@ -53,7 +53,7 @@ class Worker:
 class PythonEngineKind:
     """An EngineKind (lanes/engines/kind.py) for an engine that is a Python module; its fields are data."""
 
-    lane: str  # the routing lane id (app/routing/engines.py)
+    lane: str  # the lane id (its row in app/lanes/engines/facts.py)
     title: str  # how refusals name it: "cannot start 'x' on <title>"
     runtime: str  # LaunchPlan.runtime; the distribution that provides `module`, unless `dists` says others
     module: str  # what must import for the engine to count as installed

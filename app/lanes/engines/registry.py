@@ -1,19 +1,22 @@
 """Every engine kind Switchyard can start (the one place a kind is registered), and the choice of kind
 for a catalog entry.
 
-The contract of an engine kind (adding one is one line in KINDS below, in routing's lane order):
+The contract of an engine kind (adding one is one line in KINDS below, in the lane order of facts.py):
 
 - It lives in one module of app/lanes/engines/ (a sub-package when it has several parts, as llamacpp/),
   stateless: a module-level instance or a class whose instance is registered here. Code that runs inside
   the engine's own process goes to app/lanes/workers/, its install to app/lanes/install/.
 - It says what it is (app/lanes/engines/kind.py `EngineKind`): `lane` (its id, which
-  app/routing/engines.py titles and app/routing/traits.py routes to), `formats`, `offers`, `memory`
+  app/lanes/engines/facts.py describes and routes by), `formats`, `offers`, `memory`
   (plan.MEMORY_KINDS), `api_style` (plan.ApiStyle: llama-server's API or OpenAI's routes), `setting_keys`
   (the Settings fields only it reads: a change restarts its lanes), `draft` (plan.DraftKind: what a
   start pairs with the model), `install_estimate_s`, `build_rule` (the builds its package comes in),
   and answers `predict` (the memory a start will take, before it is measured) and `window` (the context
   its lane reports). Optional hooks (kind.py `KnowsOwnBuild`, `FoundByRegistration`) carry what only
   some kinds do, so callers ask the kind instead of its name.
+- Its lane has one row in app/lanes/engines/facts.py: title, what it runs, install hint, which kinds of
+  model route to it and in which order, and what machine it needs. Routing reads that table (it cannot
+  import the kinds), so a new kind touches no routing file.
 - `build(entry, settings, start)` takes the start's one frozen value (plan.StartContext: parent pid,
   port, hardware, memory other lanes hold) and returns the LaunchPlan, or raises a SwitchyardError that
   says what to do.
@@ -43,7 +46,7 @@ from app.library.model import ModelEntry
 from app.routing.engines import install_hint, title
 from app.routing.traits import traits_of, unroutable_reason
 
-# Every kind, in the canonical lane order (app/routing/engines.py LANES); kinds are stateless.
+# Every kind, in the canonical lane order (app/lanes/engines/facts.py FACTS); kinds are stateless.
 KINDS: tuple[EngineKind, ...] = (
     LlamaRuntimesKind(),  # llama.cpp on the runtime chosen for this machine
     LlamaCompatKind(),  # a second llama.cpp build, for architectures the first does not load

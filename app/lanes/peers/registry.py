@@ -33,7 +33,7 @@ from app.core.events import EventBus
 from app.core.paths import Paths
 from app.core.secrets import KeyStore
 from app.core.vault import Secret
-from app.lanes.peers import identity, pairing, rpc
+from app.lanes.peers import identity, nodes, pairing, rpc
 from app.lanes.peers.store import PeerSpec, PeerStore, check_name, suggest_name
 from app.lanes.remote.lane import Remote, RemoteState, describe
 from app.lanes.remote.registry import RemoteRegistry
@@ -108,6 +108,7 @@ class PeerRegistry:
         self._info: dict[str, dict[str, Any]] = {}  # each peer's last /peer/info: its own probe, its models
         self._tasks: set[asyncio.Task[Any]] = set()
         self.workers = rpc.RpcWorkers(logs=paths.lane_logs)  # the RPC workers this machine lends peers
+        self.nodes = nodes.NodeParts(logs=paths.lane_logs)  # its parts of peers' multi-node models
 
     # ---- life ------------------------------------------------------------------------------------------
     async def __aenter__(self) -> PeerRegistry:
@@ -124,6 +125,7 @@ class PeerRegistry:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.workers.close()
+        await self.nodes.close()
         for task in list(self._tasks):
             task.cancel()
         for name in list(self._sessions):
@@ -399,8 +401,8 @@ class PeerRegistry:
         if isinstance(info, dict):
             self._info[name] = {**info, "at": time.time()}
 
-    async def ask(self, name: str, method: str, path: str) -> Any:
-        """One call to a peer's /peer/... routes over the pinned link, with its key."""
+    async def ask(self, name: str, method: str, path: str, body: Any = None) -> Any:
+        """One call to a peer's /peer/... routes over the pinned link, with its key (and `body` as JSON)."""
         session = self.session(name)
         remote = self.remotes.get(name)
         try:
@@ -408,6 +410,7 @@ class PeerRegistry:
                 method,
                 remote.base + path,
                 headers=remote.headers(),
+                json=body,
                 timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
             ) as r:
                 doc = await r.json(content_type=None)
@@ -427,6 +430,7 @@ class PeerRegistry:
                 await self.ask(name, "DELETE", LINK_PATH)
         await self._detach(name)
         await self.workers.stop_peer(name)  # what it borrowed here ends with the pairing
+        await self.nodes.stop_peer(name)
         self._info.pop(name, None)
         await asyncio.to_thread(self.store.remove, name)
         await asyncio.to_thread(self._revoke, spec.issued_key)

@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 from app.core.errors import EngineUnavailableError, ModelNotFoundError
 from app.core.frozen import module_argv
+from app.core.platform.ports import free_loopback_port
 from app.hardware.cpu import usable_cores
 from app.lanes.proc import EngineProcess, LogRing, engine_env
 
@@ -79,12 +79,6 @@ def build_of(folder: Path) -> str:
     return lines[0] if lines else "unknown"
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Worker:
     id: str
@@ -131,7 +125,7 @@ class RpcWorkers:
             raise EngineUnavailableError(missing_build_advice())
         async with self._lock:
             await self._stop_of(peer)
-            port = _free_loopback_port()
+            port = free_loopback_port()
             threads = threads or usable_cores()
             argv = (
                 *module_argv("app.lanes.guard"),

@@ -9,6 +9,7 @@ import asyncio
 import importlib
 import json
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import TypeVar
 
@@ -77,3 +78,24 @@ def serve(app: web.Application) -> int:
     asyncio.run(_serve(app))
     sys.stdout.flush()
     return 0
+
+
+def run(
+    prog: str,
+    params: type[P],
+    argv: list[str] | None,
+    *,
+    engine: tuple[str, str],
+    load: Callable[[ModuleType, P], web.Application | None],
+) -> int:
+    """A worker's whole life: `started`, its engine's module imported (`engine`: module, distribution),
+    `load` (the model loaded and the app made; None where it could not load, having said why), served.
+    Exit 3: the server is gone; 5: the engine is not installed or the model did not load."""
+    got = started(prog, params, argv)
+    if got is None:
+        return 3  # the server is gone
+    module = engine_module(engine[0], dist=engine[1])
+    if module is None:
+        return 5
+    app = load(module, got)
+    return 5 if app is None else serve(app)

@@ -12,11 +12,12 @@ import asyncio
 import io
 import threading
 import wave
+from types import ModuleType
 from typing import Any
 
 from aiohttp import web
 
-from app.lanes.workers.http_host import engine_module, error, log, serve, started
+from app.lanes.workers.http_host import error, log, run
 from app.lanes.workers.params import PiperParams
 
 FORMATS = ("wav", "pcm")
@@ -93,19 +94,17 @@ def make_app(voice: Any, params: PiperParams) -> web.Application:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
-    params = started("app.lanes.workers.piper", PiperParams, argv)
-    if params is None:
-        return 3  # the server is gone
-    piper = engine_module("piper", dist="piper-tts")
-    if piper is None:
-        return 5
+def _load(piper: ModuleType, params: PiperParams) -> web.Application | None:
     try:
         voice = piper.PiperVoice.load(params.model_path, config_path=params.config_path)
     except Exception as exc:  # onnxruntime and the config reader raise many kinds; all mean "cannot load"
         log(f"piper could not load the voice {params.model_path}: {type(exc).__name__}: {exc}")
-        return 5
-    return serve(make_app(voice, params))
+        return None
+    return make_app(voice, params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run("app.lanes.workers.piper", PiperParams, argv, engine=("piper", "piper-tts"), load=_load)
 
 
 if __name__ == "__main__":

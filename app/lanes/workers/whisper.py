@@ -13,13 +13,14 @@ import asyncio
 import json
 import threading
 import time
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from app.lanes.workers.audio import RATE, AudioError, decode
-from app.lanes.workers.http_host import engine_module, error, log, serve, started
+from app.lanes.workers.http_host import error, log, run
 from app.lanes.workers.params import WhisperParams
 from app.lanes.workers.transcript import delta, joined
 
@@ -216,13 +217,7 @@ def make_app(model: Any, params: WhisperParams) -> web.Application:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
-    params = started("app.lanes.workers.whisper", WhisperParams, argv)
-    if params is None:
-        return 3  # the server is gone
-    whisper = engine_module("pywhispercpp.model", dist="pywhispercpp")
-    if whisper is None:
-        return 5
+def _load(whisper: ModuleType, params: WhisperParams) -> web.Application | None:
     try:
         # a path, never a name: given a name pywhispercpp would try to download a model. whisper.cpp's own
         # log stays on stderr (the lane's log): it says why a file does not load
@@ -234,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     except Exception as exc:  # a bad file surfaces as several exception types from the binding
         log(f"whisper.cpp could not load {params.model_path}: {type(exc).__name__}: {exc}")
-        return 5
+        return None
     # pywhispercpp does not report a failed load; decoding with one crashes. So decode a moment of silence
     # before saying we serve: a bad model fails the start (with this line in the log), not a request
     log(f"loaded {params.model_path}; checking it on 0.1 s of silence")
     model.transcribe(np.zeros(RATE // 10, dtype=np.float32))
-    return serve(make_app(model, params))
+    return make_app(model, params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    engine = ("pywhispercpp.model", "pywhispercpp")
+    return run("app.lanes.workers.whisper", WhisperParams, argv, engine=engine, load=_load)
 
 
 if __name__ == "__main__":

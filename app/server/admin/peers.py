@@ -31,7 +31,8 @@ from app.core.errors import (
     SwitchyardError,
 )
 from app.fit import lend
-from app.lanes.peers import identity, nearby, rpc, split
+from app.lanes.lane_machine import LaneState
+from app.lanes.peers import identity, multihead, nearby, nodes, rpc, split
 from app.lanes.peers.placement import Placer
 from app.lanes.peers.registry import (
     KEY_PREFIX,
@@ -53,6 +54,7 @@ TAG = "Admin"  # the OpenAPI tag of its routes
 PEERS: web.AppKey[PeerRegistry] = web.AppKey("peers", PeerRegistry)
 PEER: web.RequestKey[PeerSpec] = web.RequestKey("peer", PeerSpec)
 SPLITS: web.AppKey[split.SplitBroker] = web.AppKey("splits", split.SplitBroker)
+NODES: web.AppKey[multihead.NodeBroker] = web.AppKey("nodes", multihead.NodeBroker)
 ANNOUNCER: web.AppKey[nearby.Announcer] = web.AppKey("peers_announcer", nearby.Announcer)
 routes = web.RouteTableDef()
 
@@ -77,6 +79,19 @@ def setup(app: web.Application) -> None:
             broker = split.SplitBroker(peers, in_flight=in_flight, unload=rt.supervisor.unload, report=report)
             broker.register()
             app[SPLITS] = broker
+
+            def alive(model_id: str) -> bool:
+                lane = rt.supervisor.lanes.get(model_id)
+                return lane is not None and lane.state in (LaneState.STARTING, LaneState.READY)
+
+            def lost_part(model_id: str, why: str) -> None:
+                lane = rt.supervisor.lanes.get(model_id)
+                if lane is not None:
+                    lane.unresponsive(f"lost a machine: {why}")
+
+            heads = multihead.NodeBroker(peers, alive=alive, unload=rt.supervisor.unload, report=lost_part)
+            heads.register()
+            app[NODES] = heads
             placing = app[GATEWAY].placing if GATEWAY in app else None
             if placing is not None:  # a bare model id that cannot run here goes where it fits
                 placing.placer = Placer(peers)
@@ -86,6 +101,7 @@ def setup(app: web.Application) -> None:
                 if placing is not None:
                     placing.placer = None
                 await broker.close()  # its heads stopped first, then the tunnels and the peers' workers
+                await heads.close()
 
     app.cleanup_ctx.append(ctx)
     app.cleanup_ctx.append(announcing)
@@ -269,7 +285,8 @@ async def peer_info(request: web.Request) -> web.Response:
     """For a paired peer: this machine's hardware probe and its models"""
     rt = request.app[RUNTIME]
     hw = await rt.hardware_now()
-    models = [{"id": e.id, "kind": e.kind} for e in rt.catalog.servable()]
+    # the folder too: a multi-node head plans each machine's part on that machine's own copy
+    models = [{"id": e.id, "kind": e.kind, "path": str(e.path)} for e in rt.catalog.servable()]
     offer = await asyncio.to_thread(request.app[PEERS].workers.offer)
     if offer.get("available"):  # what a split may place here: never more than this machine lends
         offer["budget_bytes"] = lend.lend_budget(rt.settings, hw)
@@ -307,8 +324,13 @@ async def rpc_link(request: web.Request) -> web.StreamResponse:
 @routes.delete(split.WORKER_PATH + "/{worker_id}")
 async def rpc_stop(request: web.Request) -> web.Response:
     """For a paired peer: stop the RPC worker it started here"""
-    await request.app[PEERS].workers.stop(request.match_info["worker_id"], peer=request[PEER].name)
-    return web.json_response({"id": request.match_info["worker_id"], "stopped": True})
+    return await _stop_lent(request, request.app[PEERS].workers.stop, request.match_info["worker_id"])
+
+
+async def _stop_lent(request: web.Request, stop: Any, lent_id: str) -> web.Response:
+    """Stop what a paired peer started here (an RPC worker, a node part), only if that peer started it."""
+    await stop(lent_id, peer=request[PEER].name)
+    return web.json_response({"id": lent_id, "stopped": True})
 
 
 @routes.get("/peer/explain/{model_id:.+}")
@@ -356,9 +378,17 @@ async def split_explained(request: web.Request, model: str, doc: dict[str, Any])
     peers = request.app.get(PEERS)
     entry = rt.catalog.find(model)
     broker = request.app.get(SPLITS)
+    across = [n.strip() for n in request.query.get("across", "").split(",") if n.strip()]
+    if (
+        peers is not None
+        and entry is not None
+        and across
+        and entry.format == "safetensors"
+        and NODES in request.app
+    ):
+        return await multinode_explained(request, entry, doc, across)
     if peers is None or broker is None or entry is None or entry.format != "gguf":
         return doc
-    across = [n.strip() for n in request.query.get("across", "").split(",") if n.strip()]
     asked = bool(across)
     hardware = await rt.hardware_now()
     if not asked:
@@ -377,6 +407,66 @@ async def split_explained(request: web.Request, model: str, doc: dict[str, Any])
     if not asked and not plan.fits:
         return doc
     return {**doc, key: {"across": across, **plan.public()}}
+
+
+@routes.post(nodes.NODE_PATH)
+async def node_start(request: web.Request) -> web.Response:
+    """For a paired peer: start this machine's part of its multi-node vLLM/SGLang model ({"launch": the
+    NodeLaunch its head planned, "dry_run"?: true to get the exact program, environment and budget only);
+    refused, every reason named, unless this machine trusts the link too, has the NVIDIA memory free, the
+    engine and the model"""
+    body = parse_body(await request.read())
+    raw, dry = body.get("launch"), body.get("dry_run", False)
+    if not isinstance(raw, dict) or not isinstance(dry, bool):
+        raise BadRequestError('send {"launch": <a NodeLaunch>, "dry_run"?: true|false}', param="launch")
+    launch = nodes.parse_launch(raw)
+    rt = request.app[RUNTIME]
+    library = {str(e.path) for e in rt.catalog.servable()}
+    doc = await request.app[PEERS].nodes.start(
+        request[PEER], launch, settings=rt.settings, library=library, dry=dry
+    )
+    return web.json_response(doc, status=200 if dry else 201)
+
+
+@routes.get(nodes.NODE_PATH + "/{part_id}")
+async def node_status(request: web.Request) -> web.Response:
+    """For a paired peer: one part it started here (alive, exit code, its log's tail)"""
+    part = request.app[PEERS].nodes.get(request.match_info["part_id"], peer=request[PEER].name)
+    return web.json_response(part.public())
+
+
+@routes.delete(nodes.NODE_PATH + "/{part_id}")
+async def node_stop(request: web.Request) -> web.Response:
+    """For a paired peer: stop a part it started here"""
+    return await _stop_lent(request, request.app[PEERS].nodes.stop, request.match_info["part_id"])
+
+
+@routes.get("/api/nodes")
+async def list_nodes(request: web.Request) -> web.Response:
+    """The multi-node models this machine heads (each peer's part, the plan) and the parts it runs for
+    peers"""
+    heads = request.app[NODES].public() if NODES in request.app else []
+    return web.json_response({"heads": heads, "parts": request.app[PEERS].nodes.public()})
+
+
+async def multinode_explained(
+    request: web.Request, entry: Any, doc: dict[str, Any], across: list[str]
+) -> dict[str, Any]:
+    """`explain MODEL --across PEERS` for a safetensors model: the multi-node plan over this machine and
+    those peers (each peer's own dry run of its part beside it), or every reason it cannot run."""
+    rt = request.app[RUNTIME]
+    chosen = (doc.get("decision") or {}).get("lane") if isinstance(doc.get("decision"), dict) else None
+    engine = multihead.engine_for(chosen)
+    out: dict[str, Any] = {"across": across, "engine": engine}
+    try:
+        plan = await request.app[NODES].plan(
+            entry, rt.settings, across, engine=engine, hardware=await rt.hardware_now()
+        )
+    except SwitchyardError as exc:  # a MultiNodeRefused names every reason
+        reasons = list(getattr(exc, "reasons", ()) or [exc.message])
+        return {**doc, "multinode": {**out, "refused": exc.message, "reasons": reasons}}
+    parts = await request.app[NODES].dry_runs(plan)
+    return {**doc, "multinode": {**out, **plan.public(), "peers": parts}}
 
 
 @routes.delete(LINK_PATH)

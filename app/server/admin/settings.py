@@ -104,12 +104,13 @@ async def load_with_body(rt: Runtime, model: str, body: dict[str, Any]) -> dict[
         raise BadRequestError(exc.message, param=next(iter(body), None)) from exc
     before = await rt.explain(model)
     after = await rt.explain(model, overrides=body)
-    # a split is planned over its machines when it starts (app/lanes/peers/split.py), not on this one alone
+    # a split or a multi-node model is planned over its machines when it starts, not on this one alone
     if (
         rt.settings.memory.enforce_fit
         and after.fit is not None
         and not after.fit.fits
         and not body.get("split")
+        and not body.get("nodes")
     ):
         raise ModelTooLargeError(
             f"model {model!r} does not fit with {body}: {after.fit.summary}; nothing was changed — "

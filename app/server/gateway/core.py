@@ -395,37 +395,28 @@ class Gateway:
         content_type: str = "application/json",
         http: aiohttp.ClientSession | None = None,
     ) -> aiohttp.ClientResponse:
-        """`_post` in a client span, until the answer's head (the stream has its own span); `http`: the
-        session to use instead of the target's own."""
+        """The one POST to a target, in a client span until the answer's head (the stream has its own
+        span); `http`: the session to use instead of the target's own. A dict body is sent as JSON with
+        the target's name for the model; bytes go as they are (the caller renamed them if it had to). An
+        error status is raised as the target's refusal (the answer read and closed); the caller closes a
+        successful answer when done with it."""
+        data = json.dumps({**body, "model": target.served_name}).encode() if isinstance(body, dict) else body
         with _engine_span(target, path) as sp:
-            upstream = await self._post(
-                target, path, body, stream=stream, content_type=content_type, http=http
-            )
+            headers = {"Content-Type": content_type, **target.auth_headers()}
+            if target.traced:
+                tracing.inject(headers)  # the trace goes on under this span (a remote's traceparent)
+            if stream:
+                # llama.cpp closes the connection after a streamed answer although it offers keep-alive;
+                # asking for close keeps that socket out of the pool, where the next request finds it dead
+                headers["Connection"] = "close"
+            upstream = await self._send(target, path, data, headers, http or target.http)
             sp.set_attribute("http.response.status_code", upstream.status)
             return upstream
 
-    async def _post(
-        self,
-        target: Target,
-        path: str,
-        body: bytes | dict[str, Any],
-        *,
-        stream: bool = False,
-        content_type: str = "application/json",
-        http: aiohttp.ClientSession | None = None,
+    async def _send(
+        self, target: Target, path: str, data: bytes, headers: dict[str, str], http: aiohttp.ClientSession
     ) -> aiohttp.ClientResponse:
-        """The one POST to a target. A dict body is sent as JSON with the target's name for the model; bytes
-        go as they are (the caller renamed them if it had to). An error status is raised as the target's
-        refusal (the answer read and closed); the caller closes a successful answer when done with it."""
-        data = json.dumps({**body, "model": target.served_name}).encode() if isinstance(body, dict) else body
-        headers = {"Content-Type": content_type, **target.auth_headers()}
-        if target.traced:
-            tracing.inject(headers)  # the client's trace goes on (a remote's traceparent)
-        if stream:
-            # llama.cpp closes the connection after a streamed answer although it offers keep-alive; asking
-            # for close keeps that socket out of the pool, where the next request would find it dead
-            headers["Connection"] = "close"
-        http = http or target.http
+        """`post`'s request, a stale pooled connection retried once, errors mapped to the target's."""
         for attempt in (1, 2):
             try:
                 upstream = await target.bounded(

@@ -10,15 +10,17 @@ embeddings on the first stage, the norm and output head on the last), not read b
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from app.core.errors import EngineUnavailableError, SettingsError
-from app.core.settings import Settings
+from app.core.settings import Settings, check_overrides
 from app.fit.gpu_share import (
     ACT_WIDTHS,
     CUDA_CONTEXT,
@@ -44,7 +46,8 @@ from app.lanes.engines.multinode import (
     plan_multinode,
     stage_view,
 )
-from app.lanes.peers.store import PeerSpec
+from app.lanes.engines.multinode_part import launch_refusals, node_process
+from app.lanes.engines.nodes_seam import launch_across, nodes_of, registered
 from tests.support.modelgen import DTYPE_BYTES, LlamaDims, llama_tensors, safetensors_header
 
 LLAMA3_8B = LlamaDims(n_layer=32, hidden=4096, heads=32, kv_heads=8, ff=14336, vocab=128256)
@@ -346,18 +349,16 @@ def test_a_launch_travels_as_json(llama70b: SafetensorsModel) -> None:
 
 
 def test_a_peer_becomes_a_node() -> None:
-    """A peer's address comes from its API root, its GPUs from its own probe (as /peer/info sends it)."""
-    spec = PeerSpec(
-        name="gpu1",
-        url="https://192.168.1.11:8443/v1",
-        server_cert="",
-        client_cert="",
-        client_fingerprint="",
-        issued_key="peer.gpu1",
-        trusted_network=True,
-    )
+    """A peer as a node from plain fields (the engines never see the peers' store): its GPUs from its own
+    probe, as /peer/info sends it."""
     probe = {"gpus": [rtx4090(0).public(), card(1, 8192, "AMD Radeon RX 7600", vendor="amd").public()]}
-    node = node_of_peer(spec, hardware=json.loads(json.dumps(probe)), model_path="/m")
+    node = node_of_peer(
+        "gpu1",
+        address="192.168.1.11",
+        hardware=json.loads(json.dumps(probe)),
+        trusted_network=True,
+        model_path="/m",
+    )
     assert (node.name, node.address, node.trusted_network, node.model_path) == (
         "gpu1",
         "192.168.1.11",
@@ -365,7 +366,8 @@ def test_a_peer_becomes_a_node() -> None:
         "/m",
     )
     assert node.gpus == (rtx4090(0), card(1, 8192, "AMD Radeon RX 7600", vendor="amd"))
-    assert node_of_peer(spec, hardware=None, model_path="/m").gpus is None
+    bare = node_of_peer("gpu1", address="h", hardware=None, trusted_network=False, model_path="/m")
+    assert bare.gpus is None and not bare.trusted_network
     assert gpus_of({"gpus": "garbled"}) is None
 
 
@@ -500,3 +502,72 @@ def test_a_card_too_small_for_its_stage_is_refused_with_the_numbers(llama70b: Sa
     assert err.reasons[0].startswith("'desk': m (stage 1 of 2, on desk) needs ")
     assert err.reasons[1].startswith("'gpu1': m (stage 2 of 2, on gpu1) needs ")
     assert "for weights" in err.reasons[0]
+
+
+# ---- a launch a peer sent: this machine's own checks -------------------------------------------------------
+def test_a_node_checks_a_sent_launch_on_its_own(llama8b: SafetensorsModel) -> None:
+    """What a peer checks before it runs a head's launch, whatever the head says: every reason at once."""
+    plan = plan_multinode(
+        llama8b, engine="vllm", model_id="m", nodes=machines(2, (rtx4090(),)), settings=SETTINGS
+    )
+    part = plan.nodes[1]
+    library = {part.model_path}
+    assert launch_refusals(part, library=library, gpus=(rtx4090(),)) == []
+    # the head's own rank, another folder, a variable beyond the plan's, no such card: all named
+    bad = dataclasses.replace(part, rank=0, env={**part.env, "LD_PRELOAD": "/tmp/x.so"}, gpus=(0, 3))
+    said = launch_refusals(bad, library=library, gpus=(rtx4090(),))
+    assert len(said) == 3, said
+    assert "rank 0 is the head's own process" in said[0]
+    assert "sets LD_PRELOAD, which no multi-node plan sets" in said[1]
+    assert "asks for GPU 3 and this machine has NVIDIA GPU 0" in said[2]
+    elsewhere = launch_refusals(part, library={"/srv/models/m"}, gpus=(rtx4090(),))
+    assert elsewhere == [
+        f"{part.model_path!r} is not a model folder of this machine's library: every machine of a multi-node "
+        "model needs the same model files in its own library (pull it here first)"
+    ]
+    # the words after the program must start the engine's server on that folder, nothing else
+    other = dataclasses.replace(part, args=("bench", *part.args[1:]))
+    assert (
+        "does not start vLLM's server on that folder"
+        in launch_refusals(other, library=library, gpus=(rtx4090(),))[0]
+    )
+    # this machine's card, read now: too little free for the part, or no NVIDIA card at all
+    busy = dataclasses.replace(rtx4090(), memory_free=512 * MIB)
+    (short,) = launch_refusals(part, library=library, gpus=(busy,))
+    assert short.startswith(
+        f"GPU 0 (NVIDIA GeForce RTX 4090) has 512 MiB free and this part needs {part.card_bytes // MIB} MiB"
+    )
+    (none,) = launch_refusals(part, library=library, gpus=(), gpu_note="NVML: Driver Not Loaded")
+    assert none == (
+        "this machine has no NVIDIA GPU (NVML: Driver Not Loaded); vLLM runs only on NVIDIA cards with CUDA"
+    )
+    assert launch_refusals(dataclasses.replace(part, engine="llama.cpp"), library=library, gpus=()) == [
+        "engine 'llama.cpp' has no multi-node part; a launch names vllm or sglang"
+    ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_a_node_without_the_engine_says_what_to_install(llama8b: SafetensorsModel, isolated_env: Any) -> None:
+    plan = plan_multinode(
+        llama8b, engine="sglang", model_id="m", nodes=machines(2, (rtx4090(),)), settings=SETTINGS
+    )
+    with pytest.raises(
+        EngineUnavailableError,
+        match="SGLang is not installed on this machine: sglang is not installed: switchyard engine install",
+    ):
+        node_process(plan.nodes[1], settings=SETTINGS, port=9, ppid=1)
+
+
+def test_a_model_across_peers_needs_the_server_that_holds_them() -> None:
+    """`nodes` in a model's overrides; without a running server's broker registered, a start says so."""
+    check_overrides("m", {"nodes": ["desk", "laptop"]})
+    with pytest.raises(SettingsError, match=r"\['nodes'\] must be a list of paired peers' names"):
+        check_overrides("m", {"nodes": ["desk", 4]})
+    settings = SETTINGS.with_changes(model_overrides={"m": {"nodes": "desk, laptop"}})
+    assert nodes_of(settings, "m") == ("desk", "laptop") and nodes_of(SETTINGS, "m") == ()
+    assert registered() is None
+    entry = SimpleNamespace(id="m")
+    with pytest.raises(
+        EngineUnavailableError, match=r"only a running `switchyard serve --tls` with those peers"
+    ):
+        launch_across("vllm", entry, settings, None, ("desk", "laptop"))  # type: ignore[arg-type]

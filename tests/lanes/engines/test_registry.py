@@ -18,10 +18,10 @@ import app.lanes
 from app.core.settings import Settings
 from app.formats.detect import ModelKind
 from app.hardware.build_choice import BUILDS, BuildRule
+from app.lanes.engines.facts import FACTS, Needs
 from app.lanes.engines.plan import CAPABILITIES, MEMORY_KINDS, ApiStyle, DraftKind
 from app.lanes.engines.registry import KINDS, engine_kinds, kind_of
 from app.library.model import LANE_FORMATS
-from app.routing import engines as routing_engines
 from app.routing.engines import LANES
 
 REPO = Path(__file__).resolve().parents[3]
@@ -111,6 +111,22 @@ def test_a_kind_declares_what_it_is(kind: object) -> None:
     assert callable(k.predict) and callable(k.window)
 
 
+def test_each_lane_row_routes_only_what_its_kind_runs() -> None:
+    """A lane's row in facts.py (what routing reads) and its kind (what starts it) agree: every route key
+    is a format the kind runs, or a part of one, and a reason is given only for a route it has."""
+    parts = {"gguf-pooled": "gguf", "safetensors-quantized": "safetensors"}
+    for row in FACTS:
+        kind = kind_of(row.id)
+        assert kind is not None, f"{row.id} has a row in facts.py but no kind in registry.py"
+        formats = {parts.get(key, key) for key in row.routes}
+        # an Apple lane's kind runs plain safetensors only on Apple Silicon (mlx.py); elsewhere routing
+        # turns it down by its `needs` before it would start
+        allowed = {"safetensors"} if row.needs is Needs.APPLE else set()
+        assert row.routes and formats - kind.formats <= allowed, (row.id, sorted(formats - kind.formats))
+        assert set(row.reasons) <= set(row.routes), row.id
+        assert not set(row.refusal_tips) & set(row.routes), row.id  # a tip is for what it does not read
+
+
 def test_each_setting_key_belongs_to_one_kind() -> None:
     owners: dict[str, list[str]] = {}
     for k in KINDS:
@@ -120,9 +136,9 @@ def test_each_setting_key_belongs_to_one_kind() -> None:
 
 
 # ---- the folder rule: no lane names outside app/lanes/engines/ -------------------------------------
-# app/routing/ is the lane-id vocabulary (titles, install hints, which lanes a format routes to): pure code
-# under app/lanes that cannot ask a kind. Everything else asks a kind (app/fit/gpu_share.py plans with the
-# ShareRule a kind declares), with no file excepted.
+# The lane ids live in app/lanes/engines/ alone: its facts.py table says what routing needs of each lane
+# (titles, routes, what machine it needs), so routing asks the table, not a name. Everything else asks a
+# kind (app/fit/gpu_share.py plans with the ShareRule a kind declares), with no file excepted.
 FORMAT_NAMES = {m.value for m in ModelKind}
 
 
@@ -166,19 +182,39 @@ def lane_names_in(path: Path) -> list[str]:
         elif isinstance(node, ast.Subscript) and ast.unparse(node.value) != "Literal":
             if found := named(constants(node.slice), node.value):
                 hits.append(f"{node.lineno}: indexes by {sorted(found)}")
-        elif isinstance(node, ast.ImportFrom) and node.module == "app.routing.engines":
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node in tree.body and node.value is not None:
+            # a module's name for a lane id (LLAMA_CPP = "llama.cpp") is the start of a hand-kept list
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(node.value, ast.Constant) and (found := named(constants(node.value), target)):
+                hits.append(f"{node.lineno}: names {sorted(found)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app."):
             # LANES is the vocabulary itself (a pin menu lists it); a subset of it is a list kept by hand
             lists = {a.name for a in node.names} & {"LLAMA_ENGINES", "CUDA_LANES"}
-            # ... and so is one lane's id under its constant's name (SD_CPP): the kind knows it
-            lists |= {a.name for a in node.names if getattr(routing_engines, a.name, None) in ids}
+            # ... and so is one lane's id under its constant's name (LLAMA_CPP_COMPAT): the kind knows it
+            lists |= {a.name for a in node.names if _constant(node.module or "", a.name) in ids}
             if lists:
                 hits.append(f"{node.lineno}: imports {sorted(lists)}")
-    return hits
+    return sorted(hits, key=lambda hit: int(hit.split(":")[0]))
+
+
+def _constant(module: str, name: str) -> str | None:
+    """The text `from module import name` binds, where it is text and the module imports here."""
+    try:
+        value = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _outside_engines() -> list[Path]:
-    skip = (APP / "lanes" / "engines", APP / "routing")
-    return [p for p in sorted(APP.rglob("*.py")) if not any(p.is_relative_to(s) for s in skip)]
+    engines = APP / "lanes" / "engines"
+    return [p for p in sorted(APP.rglob("*.py")) if not p.is_relative_to(engines)]
+
+
+def test_the_rule_covers_routing() -> None:
+    """Routing decides by each lane's row in app/lanes/engines/facts.py, never by a lane's name."""
+    covered = _outside_engines()
+    assert APP / "routing" / "traits.py" in covered and APP / "routing" / "decide.py" in covered
 
 
 def test_no_lane_names_outside_the_engines() -> None:
@@ -189,20 +225,25 @@ def test_no_lane_names_outside_the_engines() -> None:
 def test_the_rule_sees_what_it_forbids(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "from app.routing.engines import LLAMA_ENGINES, SD_CPP, title\n"
+        "from app.routing.engines import LLAMA_ENGINES, title\n"
+        "from app.lanes.engines.llamacpp.compat import LLAMA_CPP_COMPAT\n"
         "ok = entry.format == 'mlx' and method == 'mlx'\n"  # formats and quantization methods are fine
         "a = lane.engine == 'mlx'\n"
         "b = kind in ('llama.cpp', 'llama.cpp-compat')\n"
         "c = {'vllm': 600}\n"
-        "d = lanes['llama.cpp']\n",
+        "d = lanes['llama.cpp']\n"
+        "SD_CPP = 'sd.cpp'\n"
+        "fmt = 'mlx'\n",
         encoding="utf-8",
     )
     assert lane_names_in(sample) == [
-        "1: imports ['LLAMA_ENGINES', 'SD_CPP']",
-        "3: compares ['mlx']",
-        "4: compares ['llama.cpp', 'llama.cpp-compat']",
-        "5: a dict keyed by ['vllm']",
-        "6: indexes by ['llama.cpp']",
+        "1: imports ['LLAMA_ENGINES']",
+        "2: imports ['LLAMA_CPP_COMPAT']",
+        "4: compares ['mlx']",
+        "5: compares ['llama.cpp', 'llama.cpp-compat']",
+        "6: a dict keyed by ['vllm']",
+        "7: indexes by ['llama.cpp']",
+        "8: names ['sd.cpp']",
     ]
 
 

@@ -29,7 +29,7 @@ from app.lanes.install import engine as engine_install
 from app.lanes.install.containers import load_images
 from app.lanes.install.listing import build_fields, build_packages, engine_rows
 from app.lanes.install.store import EngineStore, load_manifest, spec_for
-from app.routing.engines import LLAMA_CPP_COMPAT, SD_CPP, install_hint
+from app.routing.engines import install_hint
 from app.runtime import Runtime
 from app.server.app import make_app
 from tests.lanes.install.test_builds import (
@@ -43,6 +43,9 @@ from tests.lanes.install.test_builds import (
     _wheel,
 )
 from tests.lanes.install.test_runtimes_build import H200
+
+LLAMA_CPP_COMPAT = "llama.cpp-compat"
+SD_CPP = "sd.cpp"
 
 pytestmark = pytest.mark.timeout(300)
 LANE = "mistral.rs"

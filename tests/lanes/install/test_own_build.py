@@ -9,9 +9,11 @@ from app.lanes.engines.kind import FoundByRegistration, KnowsOwnBuild
 from app.lanes.engines.registry import KINDS
 from app.lanes.install.listing import build_fields
 from app.lanes.install.runtimes import choose_runtime
-from app.routing.engines import LLAMA_CPP, LLAMA_CPP_COMPAT
 from tests.lanes.install.test_builds import XEON
 from tests.lanes.install.test_runtimes_build import H200
+
+LLAMA_CPP = "llama.cpp"
+LLAMA_CPP_COMPAT = "llama.cpp-compat"
 
 
 def test_the_llamacpp_kinds_know_their_own_build() -> None:

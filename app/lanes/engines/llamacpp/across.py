@@ -8,9 +8,10 @@ never import the peers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from app.core.settings import Settings
+from app.lanes.engines.nodes_seam import peers_named
 from app.lanes.engines.plan import LaunchPlan, StartContext
 from app.library.model import ModelEntry
 
@@ -41,9 +42,4 @@ def registered() -> SplitLauncher | None:
 
 def split_of(settings: Settings, model_id: str) -> tuple[str, ...]:
     """The peers a model's overrides split it across (empty: not split)."""
-    names: Any = settings.override(model_id, "split", None)
-    if not names:
-        return ()
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    return tuple(str(n) for n in names)
+    return peers_named(settings, model_id, "split")

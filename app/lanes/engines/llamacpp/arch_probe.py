@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import statefile
+from app.core.platform.ports import free_loopback_port
 
 log = logging.getLogger("switchyard.arch_probe")
 
@@ -114,12 +114,6 @@ def write_probe(path: Path, arch: str) -> Path:
 
 
 # ---- asking a build -----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _verdicts(names: list[str], finished: set[int], log_text: str) -> dict[str, bool]:
     refused = set(_UNKNOWN.findall(log_text))
     return {n: n not in refused for i, n in enumerate(names) if i in finished or n in refused}
@@ -154,7 +148,17 @@ def _ask_binary(build: Build, names: list[str], files: list[str]) -> dict[str, b
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHYARD_API", "HF_TOKEN"))}
     env[var] = f"{libdir}:{env[var]}" if env.get(var) else libdir
     for name, file in zip(names, files, strict=True):
-        argv = [build.path, "-m", file, "--host", "127.0.0.1", "--port", str(_free_port()), "-c", "64"]
+        argv = [
+            build.path,
+            "-m",
+            file,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_loopback_port()),
+            "-c",
+            "64",
+        ]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=30, env=env)
         except subprocess.TimeoutExpired:

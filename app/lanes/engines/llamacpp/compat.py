@@ -43,10 +43,11 @@ from app.lanes.engines.llamacpp.kind import LlamaCppKind, binary_plan, build_pla
 from app.lanes.engines.plan import LaunchPlan, StartContext
 from app.lanes.install.store import EngineStore
 from app.library.model import ModelEntry
-from app.routing.engines import LLAMA_CPP_COMPAT, title
+from app.routing.engines import title
 from app.routing.model import LaneInstall
 
 log = logging.getLogger("switchyard.compat")
+LLAMA_CPP_COMPAT = "llama.cpp-compat"  # its row in app/lanes/engines/facts.py
 REGISTERED = "registered.json"
 ARCHS = "archs.json"
 NOT_REGISTERED = (
