@@ -95,6 +95,16 @@ class ShareRule:
         if spelled != set(KV_BYTES) - {"auto"}:
             raise ValueError(f"{self.name}: kv_dtypes must spell exactly {sorted(set(KV_BYTES) - {'auto'})}")
 
+    def flags(self) -> tuple[str, ...]:
+        """Every option a plan with this rule may write."""
+        named = (self.fraction_flag, self.length_flag, self.tp_flag, self.batch_flag, self.seqs_flag)
+        return (
+            *named,
+            *([self.pool_flag] if self.pool_flag else []),
+            self.kv_dtype_flag,
+            *self.half_flags[:1],
+        )
+
     def kv_spelling(self, kv_cache_dtype: str) -> str | None:
         """The engine's name for one of KV_BYTES' types; None for "auto" (no flag passed)."""
         return dict(self.kv_dtypes).get(kv_cache_dtype)

@@ -6,6 +6,7 @@ engine program, and the head's own process.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Collection, Sequence
 
 from app.core.errors import EngineUnavailableError
@@ -42,6 +43,47 @@ PLAN_ENV = frozenset(
     }
 )
 MiB = 1 << 20
+# the options a node takes from the head's launch: those `_launch` and the engine's share rule write, and
+# sizing and scheduling options that load no code and name no file of this machine. Anything else the
+# head's extra args add (--trust-remote-code, --worker-cls, --chat-template PATH, a plugin, a loader's
+# config) runs here only if this machine's own extra args for that engine name it too: the head's user
+# does not choose what code a peer runs.
+_PLAN_FLAGS = frozenset(
+    {"--served-model-name", "--nnodes", "--node-rank", "--headless", "--dtype", "--quantization", "--seed"}
+)
+PLAN_FLAGS = {
+    "vllm": _PLAN_FLAGS
+    | {
+        "--pipeline-parallel-size",
+        "--distributed-executor-backend",
+        "--master-addr",
+        "--master-port",
+        *VLLM.share.flags(),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--block-size",
+        "--swap-space",
+        "--max-seq-len-to-capture",
+        "--max-logprobs",
+        "--disable-log-requests",
+        "--disable-log-stats",
+    },
+    "sglang": _PLAN_FLAGS
+    | {
+        "--pp-size",
+        "--dist-init-addr",
+        *SGLANG.share.flags(),
+        "--disable-cuda-graph",
+        "--disable-radix-cache",
+        "--attention-backend",
+        "--schedule-policy",
+        "--random-seed",
+        "--log-level",
+    },
+}
 
 
 def _lead(launch: NodeLaunch) -> tuple[str, ...]:
@@ -51,12 +93,29 @@ def _lead(launch: NodeLaunch) -> tuple[str, ...]:
     return ("-m", "sglang.launch_server", "--model-path", launch.model_path)
 
 
+def _options(words: Sequence[str]) -> set[str]:
+    """The option names among an engine's words (`--name` or `--name=value`; values are the words between)."""
+    return {w.split("=", 1)[0] for w in words if w.startswith("-")}
+
+
+def own_flags(settings: Settings, engine: str) -> frozenset[str]:
+    """The options this machine's own extra args for `engine` name (what it allows a head to pass)."""
+    extra = settings.cuda.vllm_extra_args if engine == "vllm" else settings.cuda.sglang_extra_args
+    return frozenset(_options(shlex.split(extra or "")))
+
+
 def launch_refusals(
-    launch: NodeLaunch, *, library: Collection[str], gpus: Sequence[GPUInfo], gpu_note: str | None = None
+    launch: NodeLaunch,
+    *,
+    library: Collection[str],
+    gpus: Sequence[GPUInfo],
+    gpu_note: str | None = None,
+    own_flags: Collection[str] = (),
 ) -> list[str]:
     """Why this machine will not run `launch` (sent by a peer), judged on its own: the launch's shape (a
-    worker rank of vLLM or SGLang on a model folder of this machine's `library`, no variables beyond the
-    plan's) and its own cards now (`gpus`, read just now; `gpu_note`: why none were read). Empty: it may."""
+    worker rank of vLLM or SGLang on a model folder of this machine's `library`, no options beyond the
+    plan's and `own_flags` (this machine's own extra args), no variables beyond the plan's) and its own
+    cards now (`gpus`, read just now; `gpu_note`: why none were read). Empty: it may."""
     if launch.engine not in TITLES:
         return [f"engine {launch.engine!r} has no multi-node part; a launch names vllm or sglang"]
     title = TITLES[launch.engine]
@@ -70,6 +129,14 @@ def launch_refusals(
         )
     elif launch.args[: len(_lead(launch))] != _lead(launch):
         out.append(f"the launch does not start {title}'s server on that folder ({' '.join(_lead(launch))})")
+    odd = sorted(_options(launch.args[len(_lead(launch)) :]) - PLAN_FLAGS[launch.engine] - set(own_flags))
+    if odd:
+        key = "vllm_extra_args" if launch.engine == "vllm" else "sglang_extra_args"
+        out.append(
+            f"the launch passes {', '.join(odd)}, which this machine does not take from another (such an "
+            f"option can load code or read files here): to allow it, add it to this machine's own "
+            f"cuda.{key} too"
+        )
     foreign = sorted(set(launch.env) - PLAN_ENV)
     if foreign:
         out.append(f"the launch sets {', '.join(foreign)}, which no multi-node plan sets")

@@ -30,7 +30,7 @@ from app.core.platform.ports import free_loopback_port
 from app.core.settings import Settings
 from app.hardware.nvidia import read_nvidia
 from app.lanes.engines.multinode import NodeCommand, NodeLaunch
-from app.lanes.engines.multinode_part import launch_refusals, node_process
+from app.lanes.engines.multinode_part import launch_refusals, node_process, own_flags
 from app.lanes.peers.store import PeerSpec
 from app.lanes.proc import EngineProcess, LogRing
 
@@ -130,7 +130,13 @@ class NodeParts:
         stopped first: a head that starts again plans afresh."""
         scan = await asyncio.to_thread(read_nvidia)  # this machine's cards and their free memory, now
         reasons = [] if peer.trusted_network else [untrusted_refusal(peer.name)]
-        reasons += launch_refusals(launch, library=library, gpus=scan.gpus, gpu_note=scan.reason)
+        reasons += launch_refusals(
+            launch,
+            library=library,
+            gpus=scan.gpus,
+            gpu_note=scan.reason,
+            own_flags=own_flags(settings, launch.engine),
+        )
         where = f"rank {launch.rank} of {launch.model_path!r} is not started for peer {peer.name!r}"
         if reasons:
             raise EngineUnavailableError(f"{where}: " + "; ".join(reasons))

@@ -46,7 +46,7 @@ from app.lanes.engines.multinode import (
     plan_multinode,
     stage_view,
 )
-from app.lanes.engines.multinode_part import launch_refusals, node_process
+from app.lanes.engines.multinode_part import launch_refusals, node_process, own_flags
 from app.lanes.engines.nodes_seam import launch_across, nodes_of, registered
 from tests.support.modelgen import DTYPE_BYTES, LlamaDims, llama_tensors, safetensors_header
 
@@ -571,3 +571,39 @@ def test_a_model_across_peers_needs_the_server_that_holds_them() -> None:
         EngineUnavailableError, match=r"only a running `switchyard serve --tls` with those peers"
     ):
         launch_across("vllm", entry, settings, None, ("desk", "laptop"))  # type: ignore[arg-type]
+
+
+def test_a_node_takes_only_the_plans_options_and_its_own(llama8b: SafetensorsModel) -> None:
+    """The head's extra args reach a peer's part, but an option outside the plan's and the sizing ones (one
+    that can load code or read files) runs there only if that machine's own extra args name it too."""
+    for engine, key, sizing in (
+        ("vllm", "vllm_extra_args", "--enforce-eager"),
+        ("sglang", "sglang_extra_args", "--disable-cuda-graph"),
+    ):
+        extra = {key: f"--trust-remote-code {sizing}"}
+        head = dataclasses.replace(SETTINGS, cuda=dataclasses.replace(SETTINGS.cuda, **extra))
+        plan = plan_multinode(
+            llama8b, engine=engine, model_id="m", nodes=machines(2, (rtx4090(),)), settings=head
+        )
+        part = plan.nodes[1]
+        library = {part.model_path}
+        assert "--trust-remote-code" in part.args
+        (said,) = launch_refusals(part, library=library, gpus=(rtx4090(),))
+        assert said == (
+            "the launch passes --trust-remote-code, which this machine does not take from another (such "
+            "an option can load code or read files here): to allow it, add it to this machine's own "
+            f"cuda.{key} too"
+        )
+        # the same option in this machine's own settings: allowed; `--name=value` spellings are read too
+        mine = own_flags(head, engine)
+        assert launch_refusals(part, library=library, gpus=(rtx4090(),), own_flags=mine) == []
+        sneaky = dataclasses.replace(part, args=(*part.args, "--worker-cls=evil.Worker"))
+        assert (
+            "passes --worker-cls,"
+            in launch_refusals(sneaky, library=library, gpus=(rtx4090(),), own_flags=mine)[0]
+        )
+        # everything the plan itself writes passes, extra args or not
+        plain = plan_multinode(
+            llama8b, engine=engine, model_id="m", nodes=machines(2, (rtx4090(),)), settings=SETTINGS
+        )
+        assert launch_refusals(plain.nodes[1], library={plain.nodes[1].model_path}, gpus=(rtx4090(),)) == []
