@@ -125,6 +125,8 @@ def test_each_lane_row_routes_only_what_its_kind_runs() -> None:
         assert row.routes and formats - kind.formats <= allowed, (row.id, sorted(formats - kind.formats))
         assert set(row.reasons) <= set(row.routes), row.id
         assert not set(row.refusal_tips) & set(row.routes), row.id  # a tip is for what it does not read
+        # one name for a lane in the window and in errors: a kind that titles itself uses the row's title
+        assert getattr(kind, "title", None) in (None, row.title), (row.id, kind.title)  # type: ignore[attr-defined]
 
 
 def test_each_setting_key_belongs_to_one_kind() -> None:
