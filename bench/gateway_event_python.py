@@ -5,7 +5,9 @@ Feeds llama.cpp's own chunk frame for one text token (as its server writes it) t
 pump runs in the engine socket's callback, 20,000 times, and prints CPU µs per event (process time, best
 of 5 rounds, with the load average beside it):
 
-- pass-through: `ChunkFrames.forward` (the frame tracking of gateway/relay.py `_Pump`);
+- pass-through: `ChunkFrames.forward` (the frame tracking of gateway/relay.py `_Pump`'s walk), and all of
+  the engine socket's callback (`_Pump.data_received`, the pump being the connection's own protocol: the
+  frame check, the progress stamp, the write to a transport whose methods are C callables, as uvloop's);
 - translated (Anthropic): `ChunkPayload.feed` (de-chunking), `StreamReader.deltas` (the delta), the
   translation (tool-call recovery, the Anthropic translator, the event's JSON) and the outgoing frame,
   in answers of 256 events (a new reader and translator for each, as per request), and again in answers
@@ -16,16 +18,21 @@ of 5 rounds, with the load average beside it):
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.chat.deltas import StreamReader
-from app.server.gateway.raw_http import ChunkFrames, ChunkPayload
+from app.lanes.target import Progress
+from app.server.gateway.raw_http import ChunkFrames, ChunkPayload, RawUpstream
+from app.server.gateway.relay import _Pump
 from app.server.gateway.tool_recovery import RecoveringRun
 from app.server.surfaces.anthropic.translate import MessageTranslator
 from app.server.surfaces.registry import SURFACES
@@ -52,8 +59,36 @@ def per_event(step: Callable[[], object]) -> float:
     return best
 
 
+class _Socket:
+    """A transport of C callables (a uvloop transport's methods are C): only the Python of the pump counts."""
+
+    def __init__(self) -> None:
+        self.is_closing = bool  # () -> False
+        self.write = collections.deque(maxlen=1).append
+        self.get_write_buffer_size = int  # () -> 0
+        self.protocol: Any = None
+
+    def set_protocol(self, protocol: object) -> None:
+        self.protocol = protocol
+
+
+def pump_callback() -> Callable[[bytes], None]:
+    """The callback an engine socket's read runs on the pass-through: the pump, handed the connection."""
+
+    async def build() -> Callable[[bytes], None]:  # a pump is made on a running loop (its end's future)
+        proto = RawUpstream(asyncio.get_running_loop(), progress=Progress())
+        socket = _Socket()
+        proto.transport = cast(asyncio.Transport, socket)
+        pump = _Pump(cast(Any, {}), cast(Any, None), proto, cast(asyncio.Transport, _Socket()))
+        proto.hand_over(pump)
+        return cast(Callable[[bytes], None], socket.protocol.data_received)
+
+    return asyncio.new_event_loop().run_until_complete(build())
+
+
 def main() -> None:
     frames = ChunkFrames()
+    callback = pump_callback()
     payload = ChunkPayload()
     encoding = next(s for s in SURFACES if s.name == "anthropic").encoding
     answer: list[object] = []
@@ -75,6 +110,7 @@ def main() -> None:
         return step
 
     passed = per_event(lambda: frames.forward(FRAME))
+    pumped = per_event(lambda: callback(FRAME))
     dechunk = per_event(lambda: payload.feed(FRAME))
     deltas = per_event(lambda: StreamReader().deltas(CHUNK))
     whole = per_event(translated(ANSWER_EVENTS))
@@ -82,6 +118,7 @@ def main() -> None:
     long = per_event(translated(LONG_ANSWER_EVENTS))
     print(f"load average {os.getloadavg()[0]:.2f}; CPU µs per event, best of 5 rounds of {N}:")
     print(f"  pass-through frame tracking   {passed:6.2f}")
+    print(f"  pass-through socket callback  {pumped:6.2f} (all of it: check, stamp, write, watch)")
     print(f"  translated, all of it         {whole:6.2f}")
     ratio = long / whole
     print(f"      in answers of {LONG_ANSWER_EVENTS} events {long:6.2f} ({ratio:.2f}x the short answers')")

@@ -86,6 +86,16 @@ class RawUpstream(asyncio.Protocol):
             pending, self._buf = self._buf, b""
             sink(pending)
 
+    def hand_over(self, protocol: asyncio.Protocol) -> None:
+        """Make `protocol` the connection's own, so the engine's reads reach it with no call in between
+        (what already arrived is replayed through its `data_received` first). It stamps `progress` itself,
+        and its `connection_lost` must call this one's: that resolves `done`."""
+        if self._buf:
+            pending, self._buf = self._buf, b""
+            protocol.data_received(pending)
+        if self.transport is not None:
+            self.transport.set_protocol(protocol)
+
     def pause(self) -> None:
         if self.transport is not None:
             self.transport.pause_reading()
@@ -184,6 +194,16 @@ class ChunkFrames:
         self._left = 0  # bytes of the current chunk's data and its CRLF still to come
         self._line = b""  # a size line cut by a read boundary
         self.ended = False
+
+    @property
+    def inside(self) -> bool:
+        """Whether the bytes passed on end inside a frame: its data, or the CRLF after it, still to come."""
+        return self._left > 0
+
+    @property
+    def between(self) -> bool:
+        """Whether the stream stands between two frames, nothing held: the next read may be a whole one."""
+        return not self._left and not self._line and not self.ended
 
     def forward(self, data: bytes) -> bytes:
         """The part of `data` to pass on (held bytes of a cut size line included)."""

@@ -31,6 +31,7 @@ from app.server.metrics import FIRST_BYTE, SENT_STATUS, note_usage
 from app.server.surfaces.translation import Translation
 
 log = logging.getLogger("switchyard.relay")
+_monotonic = time.monotonic  # read per engine read: a module global, not an attribute of a module
 _DONE = b"data: [DONE]\n\n"
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 _RESETS = (ConnectionResetError, aiohttp.ClientConnectionResetError)
@@ -190,13 +191,15 @@ HIGH_WATER = 256 * 1024  # client bytes buffered before the engine's socket is p
 LOW_WATER = 64 * 1024
 
 
-class _PumpBase(abc.ABC):
+class _PumpBase(asyncio.Protocol, abc.ABC):
     """Writes to the client's transport from the engine socket's callback: the first-byte stamp, the
     backpressure (the engine's socket paused while the client is behind), and the end of the stream as one
-    future (`finished`) the handler awaits, instead of a wake-up per event."""
+    future (`finished`) the handler awaits, instead of a wake-up per event. Handed the engine's connection
+    (`RawUpstream.hand_over`), it is that connection's protocol: each read is one call, here."""
 
     def __init__(self, request: web.Request, proto: RawUpstream, client: asyncio.Transport) -> None:
         self.request, self.proto, self.client = request, proto, client
+        self.progress = proto.progress
         self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.first = True
         self._paused = False
@@ -207,6 +210,12 @@ class _PumpBase(abc.ABC):
     def body_ended(self) -> bool:
         """Whether the engine's answer is whole (then its connection may end)."""
 
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proto.connection_lost(exc)  # resolves its `done`, whose callback (`lost`) judges the end
+
     def _write(self, out: bytes, *, content: bool = True) -> bool:
         """Write `out` to the client; False (and the stream ended) when the client is gone. `content`: the
         answer's bytes (the first of them is its first byte for /metrics), not an opening written alone."""
@@ -215,13 +224,19 @@ class _PumpBase(abc.ABC):
             return False
         self.client.write(out)
         if self.first and content:
-            self.first = False
-            self.request[FIRST_BYTE] = time.perf_counter()
+            self._first_byte()
         if not self._paused and self.client.get_write_buffer_size() > HIGH_WATER:
-            self._paused = True
-            self.proto.pause()
-            self._drainer = asyncio.ensure_future(self._resume_when_drained())
+            self._pause()
         return True
+
+    def _first_byte(self) -> None:
+        self.first = False
+        self.request[FIRST_BYTE] = time.perf_counter()
+
+    def _pause(self) -> None:
+        self._paused = True
+        self.proto.pause()
+        self._drainer = asyncio.ensure_future(self._resume_when_drained())
 
     def lost(self, fut: asyncio.Future[BaseException | None]) -> None:
         """The engine's connection ended: cleanly only if the body had ended."""
@@ -256,13 +271,47 @@ class _Pump(_PumpBase):
         self.resp = resp
         self.frames = ChunkFrames()
         self.prev = self.last = b""
+        self.between = True  # between two frames, nothing held: a read may be exactly one whole frame
 
     @property
     def body_ended(self) -> bool:
         return self.frames.ended
 
+    def data_received(self, data: bytes) -> None:
+        # The common read, one whole event frame, is checked, written and watched for the terminal event
+        # here, inline: this runs once per event beside an engine that leaves the caches cold, where each
+        # further call and lookup costs several times its in-process price (docs/performance.md, "Fifth
+        # pass"). The checks are _one_frame's and _write's; any other read takes the framed walk.
+        if (progress := self.progress) is not None:  # the engine is alive (a stalled request's watchdog)
+            progress.at = _monotonic()
+        if self.between and data.endswith(b"\r\n"):
+            eol = data.find(b"\r\n")
+            if 0 < eol <= 16:  # a size line is a few hex digits (extensions take the walk)
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and eol + size + 4 == len(data):  # whole, and not the terminal frame
+                    client = self.client
+                    if client.is_closing():
+                        self._end(ConnectionResetError("the client went away"))
+                        return
+                    client.write(data)
+                    if self.first:
+                        self._first_byte()
+                    if not self._paused and client.get_write_buffer_size() > HIGH_WATER:
+                        self._pause()
+                    self.prev, self.last = self.last, data  # the usage is in the last events: keep two
+                    if _DONE in data[-48:]:
+                        _mark_sent(self.request, self.resp, self.prev + data)  # whole (see _mark_sent)
+                    return
+        self.feed(data)
+
     def feed(self, data: bytes) -> None:
-        out = self.frames.forward(data)
+        """Any read, through the framed walk."""
+        frames = self.frames
+        out = frames.forward(data)
+        self.between = frames.between
         if out:
             if not self._write(out):
                 return
@@ -270,7 +319,7 @@ class _Pump(_PumpBase):
             if _DONE in out[-48:]:
                 # the answer is whole once its terminal event is out (see _mark_sent)
                 _mark_sent(self.request, self.resp, self.prev + self.last)
-        if self.frames.ended:
+        if frames.ended:
             self._end(None)
 
 
@@ -296,13 +345,15 @@ async def relay_raw(
             return resp
         pump = _Pump(request, resp, proto, client)
         proto.done.add_done_callback(pump.lost)
-        proto.attach(pump.feed)
+        proto.hand_over(pump)
         try:
             await target.bounded(pump.finished)
         except _RESETS:
             log.info("client went away mid-stream; closing the upstream request")
             return resp
         except (OSError, SwitchyardError) as exc:
+            if pump.frames.inside:
+                return _cut(resp, target, client, exc)
             return await _failed(resp, target, exc)
         _mark_sent(request, resp, pump.prev + pump.last)
         with contextlib.suppress(*_RESETS):
@@ -311,6 +362,20 @@ async def relay_raw(
         return resp
     finally:
         proto.close()  # an unfinished answer's socket dropped: the engine stops generating
+
+
+def _cut(
+    resp: web.StreamResponse, target: Target, client: asyncio.Transport, exc: BaseException
+) -> web.StreamResponse:
+    """End a pass-through stream whose engine broke inside a frame: the client holds part of that frame, so
+    no event can follow it in the same framing (it would be read as the frame's rest and the client left
+    waiting for the end). The connection is closed instead: the client sees a body cut short."""
+    err = exc if isinstance(exc, SwitchyardError) else target.broken(exc)
+    log.warning("the engine's stream broke inside an event; closing the client's connection: %s", err.message)
+    tracing.fail_current(err.message)
+    resp.force_close()
+    client.close()  # what was written is flushed first
+    return resp
 
 
 def raw_relay_fits(request: web.Request, proto: RawUpstream, resp: web.StreamResponse | None) -> bool:
@@ -348,6 +413,11 @@ class _TranslatePump(_PumpBase):
     @property
     def body_ended(self) -> bool:
         return self.frames.ended or self.reader.done
+
+    def data_received(self, data: bytes) -> None:
+        if (progress := self.progress) is not None:  # the engine is alive (a stalled request's watchdog)
+            progress.at = _monotonic()
+        self.feed(data)
 
     def feed(self, data: bytes) -> None:
         payload = self.frames.feed(data)
@@ -389,7 +459,7 @@ async def translate_raw(
             raise ConnectionResetError("the client went away")
         pump = _TranslatePump(request, proto, client, tr, opens=opens)
         proto.done.add_done_callback(pump.lost)
-        proto.attach(pump.feed)
+        proto.hand_over(pump)
         try:
             await target.bounded(pump.finished)
         except StreamRefusal as exc:
