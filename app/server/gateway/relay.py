@@ -104,30 +104,43 @@ async def relay(
         upstream.close()  # closing (not releasing) an unfinished answer drops the socket: the engine stops
 
 
+def whole_events(held: bytes, piece: bytes) -> tuple[bytes, bytes]:
+    """`held` + `piece` cut after its last whole event (its blank line, LF or CRLF): what may go to the
+    client now, and the start of an event still to be finished. An error event written after a stream
+    broke then starts a line of its own, where it would otherwise be glued to half an event."""
+    data = held + piece if held else piece
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+    cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    return (data, b"") if cut == len(data) else (data[:cut], data[cut:])
+
+
 async def _pump(
     request: web.Request, upstream: aiohttp.ClientResponse, target: Target, resp: web.StreamResponse
 ) -> web.StreamResponse:
-    prev = last = b""
+    prev = last = held = b""
     content = upstream.content
     try:
-        # the first piece is read apart so the loop pays nothing for the time-to-first-byte stamp
-        if last := await target.bounded(content.readany()):
-            await resp.write(last)
-            request[FIRST_BYTE] = time.perf_counter()
-            if last.endswith(_DONE):
-                _mark_sent(request, resp, last)
         while chunk := await target.bounded(content.readany()):
-            await resp.write(chunk)
-            prev, last = last, chunk  # the usage is in the last events: keep two pieces, parse none
-            if chunk.endswith(_DONE):
+            out, held = whole_events(held, chunk)
+            if not out:
+                continue
+            await resp.write(out)
+            if not last:
+                request[FIRST_BYTE] = time.perf_counter()
+            prev, last = last, out  # the usage is in the last events: keep two pieces, parse none
+            if out.endswith(_DONE):
                 # the answer is whole once its terminal event is out: a client that hangs up now, while
                 # the engine is still closing its side, has read everything (counted 200, not 499)
                 _mark_sent(request, resp, prev + last)
+        if held:  # an answer that ended without a blank line after its last event: passed on as it came
+            await resp.write(held)
+            request.setdefault(FIRST_BYTE, time.perf_counter())
+            prev, last = last, held
     except _RESETS:
         log.info("client went away mid-stream; closing the upstream request")
         return resp
     except (aiohttp.ClientPayloadError, aiohttp.ClientError, OSError, SwitchyardError) as exc:
-        return await _failed(resp, target, exc)
+        return await _failed(resp, target, exc)  # a half event held back never reaches the client
     _mark_sent(request, resp, prev + last)
     try:
         await _end_properly(resp, prev + last)
@@ -152,11 +165,11 @@ async def _pump_edited(
     edit: StreamEdit,
 ) -> web.StreamResponse:
     """`_pump` with every piece through `edit` (a slower path: only streams that need the rewrite)."""
-    tail = b""
+    tail = held = b""
     try:
         while True:
             chunk = await target.bounded(upstream.content.readany())
-            out = edit.feed(chunk) if chunk else edit.close()
+            out, held = whole_events(held, edit.feed(chunk)) if chunk else (held + edit.close(), b"")
             if out:
                 await resp.write(out)
                 request.setdefault(FIRST_BYTE, time.perf_counter())
