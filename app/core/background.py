@@ -29,6 +29,23 @@ async def all_cancelled(tasks: Iterable[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def until_done(fut: asyncio.Future[Any]) -> None:
+    """Until `fut` is done, whatever its outcome (retrieved, not raised here). A cancellation of the
+    caller meanwhile waits for it too, and goes on once it is done: where a caller's end must come after
+    what it waits on (a thread holding a file's lock, since a cancelled `asyncio.to_thread` returns at
+    once while its thread runs on; a task still letting go of what the caller is about to take)."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait({fut})
+        except asyncio.CancelledError:
+            cancelled = True
+    if not fut.cancelled():
+        fut.exception()  # what it raised is its owner's to read (and is not logged as unretrieved)
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 @contextlib.asynccontextmanager
 async def running(coro: Coroutine[Any, Any, Any], *, name: str) -> AsyncIterator[asyncio.Task[Any]]:
     """Run `coro` as a task for the length of the block."""

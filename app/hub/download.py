@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from app.core import statefile
+from app.core import background, statefile
 from app.core.background import all_cancelled
 from app.core.errors import (
     BadRequestError,
@@ -457,7 +457,10 @@ class DownloadManager:
 
     async def _run(self, job: Job) -> None:
         if (previous := self._stopping.get(job.id)) is not None:  # resumed right after a pause
-            await asyncio.gather(previous, return_exceptions=True)
+            # to its end even if this run is paused meanwhile: the next run waits only for this one, so
+            # this one must not end before the transfer it waits on has let go of the partial's lock
+            # (two quick Pause/Resume pairs: the third run found the first still holding it)
+            await background.until_done(previous)
         try:
             config = self.config()
             if config.offline:

@@ -30,10 +30,11 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
+from app.core import background
 from app.core.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -48,6 +49,7 @@ from app.core.platform import locks
 from app.hub import cache_layout
 
 MIB = 1024 * 1024
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,17 @@ def _write_at(fd: int, data: bytes, pos: int) -> None:
 
 def _datasync(fd: int) -> None:
     getattr(os, "fdatasync", os.fsync)(fd)  # Windows and macOS have no fdatasync
+
+
+async def _to_thread_whole(fn: Callable[..., T], /, *args: Any) -> T:
+    """`fn(*args)` in a thread, waited for to its end even when the caller is cancelled meanwhile. A
+    cancelled `asyncio.to_thread` returns at once while its thread runs on: an `_open` left so took the
+    partial's lock after its transfer had closed everything, and the job resumed after a Pause clicked at
+    the start failed as "being downloaded by another process"; a `_finish` left so went on with descriptors
+    the transfer's cleanup had closed (and the OS may have given to another file)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    await background.until_done(work)
+    return work.result()
 
 
 def _jitter(opts: TransferOptions, attempt: int) -> float:
@@ -301,7 +314,11 @@ class Transfer:
         cancellation leaves the partial in place for a later resume."""
         if self.blob.exists() and self.blob.stat().st_size == self.spec.size:
             return self.blob  # the same bytes are already here (another snapshot, another quant)
-        await asyncio.to_thread(self._open)
+        try:
+            await _to_thread_whole(self._open)
+        except BaseException:
+            self._close()  # what it opened before it failed or was cancelled: the lock must not outlive it
+            raise
         hashing = asyncio.create_task(self._hash.digest())
         try:
             try:
@@ -316,17 +333,22 @@ class Transfer:
                         self._save_state(force=True)
             got = await hashing
             await self._flushed()
-            return await asyncio.to_thread(self._finish, got)
+            return await _to_thread_whole(self._finish, got)
         except SwitchyardError:
             raise
         except OSError as exc:
             raise self._os_error(exc) from exc
         finally:
+            # not cut short by a second cancellation (a Pause, then the app quitting): the lock and the
+            # descriptors are let go only after the threads that use them, and always
             hashing.cancel()
-            await asyncio.gather(hashing, return_exceptions=True)
-            with contextlib.suppress(OSError):
-                await self._flushed()
-            self._close()
+            try:
+                await background.until_done(hashing)
+                if self._flushing is not None:
+                    await background.until_done(self._flushing)  # the fd must outlive its fsync
+                    self._flushing = None
+            finally:
+                self._close()
 
     def _os_error(self, exc: OSError) -> SwitchyardError:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -157,3 +157,49 @@ def test_the_fake_hub_limits_each_connection_not_the_total(
     four = timed(4, "b")
     assert one >= 0.9 * SIZE / rate  # one stream cannot beat the cap
     assert four < 0.6 * one  # four streams each get the cap
+
+
+def test_a_second_cancellation_does_not_cut_the_cleanup_short(
+    tmp_path: Path, fake_hub: FakeHub, data: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled twice (a Pause, then the app quitting) while its background fsync still runs: the
+    transfer lets go of the partial's lock and descriptors only after that thread, and always. Before, the
+    second cancellation cut its cleanup short: the lock stayed held, and the next pull of the file failed
+    as "being downloaded by another Switchyard process"."""
+    import threading
+
+    from app.hub import transfer as transfer_module
+
+    fake_hub.faults.delay_per_chunk = 0.02
+    syncing, gate = threading.Event(), threading.Event()
+    original = transfer_module._datasync
+
+    def slow_sync(fd: int) -> None:
+        if not syncing.is_set():
+            syncing.set()
+            gate.wait(30)
+        original(fd)
+
+    monkeypatch.setattr(transfer_module, "_datasync", slow_sync)
+    opts = TransferOptions(parts=1, chunk=64 * 1024, save_every_s=0.0)
+
+    async def go() -> tuple[bool, int, int]:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            t = Transfer(session, resolve_url(fake_hub, REPO, NAME), spec(data), repo_dir(tmp_path),
+                         headers={}, options=opts)  # fmt: skip
+            task = asyncio.create_task(t.run())
+            await asyncio.to_thread(syncing.wait, 30)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=0.3)
+            gate.set()
+            await asyncio.gather(task, return_exceptions=True)
+            return bool(done), t._lock_fd, t._fd
+
+    ended_early, lock_fd, fd = asyncio.run(go())
+    assert not ended_early  # it waited for the fsync's thread
+    assert (lock_fd, fd) == (-1, -1)
+    fake_hub.faults.delay_per_chunk = 0
+    asyncio.run(fetch(fake_hub, data, repo_dir(tmp_path), opts))  # the lock is free: the next pull runs
+    assert cache_layout.blob_path(repo_dir(tmp_path), spec(data).key).read_bytes() == data
