@@ -167,40 +167,6 @@ class SpeakerSink:
             self._stream = None
 
 
-class Capture:
-    """`source` recorded into memory from the moment this is made, so what is said while the connection
-    to the server opens is kept (a talk used to start its microphone only once connected: a slow
-    connection lost the start of the speech, or all of it). `stop()` ends the recording at the release;
-    `chunks()` still yields every block recorded before it, then ends."""
-
-    def __init__(self, source: AudioSource) -> None:
-        self.source = source
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._task = asyncio.ensure_future(self._record())
-
-    async def _record(self) -> None:
-        try:
-            async for block in self.source.chunks():
-                self._queue.put_nowait(block)
-        finally:
-            self._queue.put_nowait(None)
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while (block := await self._queue.get()) is not None:
-            yield block
-        await self._task  # a source that failed says why
-
-    def stop(self) -> None:
-        self.source.stop()
-
-    async def close(self) -> None:
-        """Stopped, and its recording task over (cancelled if the source does not end when stopped)."""
-        self.source.stop()
-        if not self._task.done():
-            self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-
 def sentences(text: str) -> list[str]:
     """The reply in pieces Piper can say one after another (so playback starts with the first)."""
     plain = re.sub(r"```.*?```", " ", text, flags=re.S)  # code is not read out
@@ -219,9 +185,7 @@ async def transcribe_live(
     """Stream `source` to the server's live transcription until `released` is set; the whole transcript.
     `on_text` gets the text so far each time a delta or a segment arrives.
 
-    The source is recorded from the call on (see Capture; a `Capture` given is used as it is) and every
-    block recorded before the release is sent, however long the connection took to open. At the release
-    the speech still going on is committed, then the buffer is cleared: the server answers
+    At the release the speech still going on is committed, then the buffer is cleared: the server answers
     events in order, so every item committed before `input_audio_buffer.cleared` arrives is one of ours,
     whether server VAD cut it (possibly just after the release) or the final commit did, and the call
     returns once each of those items has its transcript. None is dropped."""
@@ -230,76 +194,68 @@ async def transcribe_live(
     pending: set[str] = set()  # committed, transcript not yet here
     closed = asyncio.Event()  # `cleared` arrived: no item of this talk is still to be committed
     ws_url = access.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
-    capture = source if isinstance(source, Capture) else Capture(source)
 
     def text_so_far() -> str:
         return " ".join([*(t for t in done.values() if t), *partial.values()]).strip()
 
-    def take(event: dict[str, Any]) -> None:
-        kind, item = event.get("type", ""), event.get("item_id", "")
-        if kind == "input_audio_buffer.committed":
-            pending.add(item)
-            done.setdefault(item, "")
-        elif kind == "input_audio_buffer.cleared":
-            closed.set()
-        elif kind.endswith("input_audio_transcription.delta"):
-            partial[item] = partial.get(item, "") + event.get("delta", "")
-        elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
-            partial.pop(item, None)
-            pending.discard(item)
-            done[item] = event.get("transcript", "").strip()
-        elif kind == "error":
-            # an empty final commit: released outside speech, every segment was committed already
-            if event["error"].get("code") != "input_audio_buffer_commit_empty":
-                raise RuntimeError(event["error"]["message"])
-        on_text(text_so_far())
+    async with (
+        access.session() as http,
+        http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
+    ):
+        turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
+        session = {"input_audio_transcription": {"model": model}, "turn_detection": turns}
+        await ws.send_json({"type": "transcription_session.update", "session": session})
 
-    async def stop_at_release() -> None:
-        await released.wait()
-        capture.stop()  # nothing said after the release is sent; all that was said before it still is
+        def take(event: dict[str, Any]) -> None:
+            kind, item = event.get("type", ""), event.get("item_id", "")
+            if kind == "input_audio_buffer.committed":
+                pending.add(item)
+                done.setdefault(item, "")
+            elif kind == "input_audio_buffer.cleared":
+                closed.set()
+            elif kind.endswith("input_audio_transcription.delta"):
+                partial[item] = partial.get(item, "") + event.get("delta", "")
+            elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
+                partial.pop(item, None)
+                pending.discard(item)
+                done[item] = event.get("transcript", "").strip()
+            elif kind == "error":
+                # an empty final commit: released outside speech, every segment was committed already
+                if event["error"].get("code") != "input_audio_buffer_commit_empty":
+                    raise RuntimeError(event["error"]["message"])
+            on_text(text_so_far())
 
-    try:
-        async with (
-            access.session() as http,
-            http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
-        ):
-            turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
-            session = {"input_audio_transcription": {"model": model}, "turn_detection": turns}
-            await ws.send_json({"type": "transcription_session.update", "session": session})
+        async def receive() -> None:
+            async for msg in ws:
+                if msg.type is not aiohttp.WSMsgType.TEXT:
+                    break
+                take(json.loads(msg.data))
+                if closed.is_set() and not pending:
+                    return
+            raise RuntimeError("the server closed the live transcription before it finished")
 
-            async def receive() -> None:
-                async for msg in ws:
-                    if msg.type is not aiohttp.WSMsgType.TEXT:
-                        break
-                    take(json.loads(msg.data))
-                    if closed.is_set() and not pending:
-                        return
-                raise RuntimeError("the server closed the live transcription before it finished")
-
-            reader = asyncio.ensure_future(receive())
-            stopper = asyncio.ensure_future(stop_at_release())
+        reader = asyncio.ensure_future(receive())
+        try:
+            async for block in source.chunks():
+                audio = base64.b64encode(block).decode()
+                await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+                if released.is_set() or reader.done():
+                    break
+            waiter = asyncio.ensure_future(released.wait())  # a recording that ended early waits for it
             try:
-                async for block in capture.chunks():  # to the release (or the end of a recording)
-                    audio = base64.b64encode(block).decode()
-                    await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
-                    if reader.done():
-                        break
-                waiter = asyncio.ensure_future(released.wait())  # a recording that ended early waits for it
-                try:
-                    await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                if not reader.done():
-                    await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
-                    await ws.send_json({"type": "input_audio_buffer.clear"})  # answered after the commit
-                await asyncio.wait_for(reader, 60)
+                await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
             finally:
-                stopper.cancel()
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
-    finally:
-        await capture.close()
+                waiter.cancel()
+            source.stop()
+            if not reader.done():
+                await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
+                await ws.send_json({"type": "input_audio_buffer.clear"})  # answered after the commit
+            await asyncio.wait_for(reader, 60)
+        finally:
+            source.stop()
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
     return " ".join(t for t in done.values() if t).strip()
 
 
@@ -488,17 +444,13 @@ class VoiceBar(QWidget):
     async def _talk(self) -> None:
         model = self._model_of("transcription")
         assert model is not None
-        capture = Capture(self.source_factory())  # from the press: speech while connecting is kept
-        try:
-            text = await transcribe_live(
-                await window_access(self.desk),
-                model=model,
-                source=capture,
-                released=self.released,
-                on_text=lambda t: self.live.setText(t or "Listening…"),
-            )
-        finally:
-            await capture.close()
+        text = await transcribe_live(
+            await window_access(self.desk),
+            model=model,
+            source=self.source_factory(),
+            released=self.released,
+            on_text=lambda t: self.live.setText(t or "Listening…"),
+        )
         self.live.setText("")
         if text:
             self.page.send(text)

@@ -3,20 +3,17 @@ certificate: the chat stream (a real llama.cpp lane), hold-to-talk (the whisper.
 (the piper lane) all work, with the window's own key and trusting exactly its server's certificate; a call
 without a key is refused. "Read aloud" on a reply that is not the last speaks that reply: what the sink
 got is transcribed back by whisper. A talk whose first segment server VAD cuts after the release, and
-whose last the final commit takes, keeps both; so does one released before its connection was open."""
+whose last the final commit takes, keeps both."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import io
 import os
 import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -64,53 +61,17 @@ class PcmSource:
 
     def __init__(self, pcm: np.ndarray, released: asyncio.Event) -> None:
         self.pcm, self.released = pcm, released
-        self.stopped = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         step = 2400
         for i in range(0, self.pcm.size, step):
-            if self.stopped:
-                return
             if i + step >= self.pcm.size:
                 self.released.set()
             yield self.pcm[i : i + step].tobytes()
             await asyncio.sleep(0)
 
     def stop(self) -> None:
-        self.stopped = True
-
-
-@contextlib.asynccontextmanager
-async def slow_link(url: str, *, delay: float) -> AsyncIterator[str]:
-    """`url` behind a TCP relay that holds each connection's first bytes for `delay` seconds (a slow
-    network: the TLS handshake, and so the connection, takes that much longer); yields the relay's URL."""
-    target = urlsplit(url)
-    assert target.hostname and target.port
-
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, hold: float) -> None:
-        try:
-            first = True
-            while data := await src.read(65536):
-                if first:
-                    await asyncio.sleep(hold)
-                    first = False
-                dst.write(data)
-                await dst.drain()
-        except OSError:  # the other side went away: this direction ends too
-            pass
-        finally:
-            dst.close()
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(target.hostname, target.port)
-        await asyncio.gather(pipe(reader, up_writer, hold=delay), pipe(up_reader, writer, hold=0))
-
-    server = await asyncio.start_server(relay, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"{target.scheme}://127.0.0.1:{port}"
-    finally:
-        server.close()
+        pass
 
 
 async def until(check: Any, *, limit: float = 90) -> None:
@@ -244,20 +205,6 @@ def test_chat_and_voice_with_a_required_key_over_tls(
                 released=released,
                 on_text=lambda _: None,
             )
-            assert "hello" in got.lower() and "test" in got.lower(), got
-
-            # --- released while the connection is still opening (a slow link): all that was said before
-            # the release is sent once it is open (only the first 100 ms of it were, before the fix)
-            early = asyncio.Event()
-            async with slow_link(access.url, delay=1.0) as url:
-                asyncio.get_running_loop().call_later(0.3, early.set)
-                got = await transcribe_live(
-                    dataclasses.replace(access, url=url),
-                    model=WHISPER,
-                    source=PcmSource(talk, asyncio.Event()),
-                    released=early,
-                    on_text=lambda _: None,
-                )
             assert "hello" in got.lower() and "test" in got.lower(), got
 
     qloop.run_until_complete(asyncio.wait_for(scenario(), 300))
