@@ -10,17 +10,16 @@ import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.core.events import Event, EventBus
-from app.core.settings import Settings
+from app.core.events import Event
 from app.hub import cache_layout
 from app.hub.download import DownloadManager
 from app.hub.transfer import Transfer, TransferOptions
+from tests.hub.test_download import manager as recorded_manager
 from tests.support.asyncwait import until
 from tests.support.fakehub import FakeHub
 
@@ -61,24 +60,9 @@ class Gate:
         self.gate.set()
 
 
-@contextlib.asynccontextmanager
-async def manager(tmp_path: Path) -> AsyncIterator[tuple[DownloadManager, list[Event]]]:
-    bus = EventBus()
-    events: list[Event] = []
-    async with bus.subscribe() as q:
-
-        async def pump() -> None:
-            while True:
-                events.append(await q.get())
-
-        task = asyncio.create_task(pump())
-        try:
-            jobs = tmp_path / "jobs"
-            async with DownloadManager(settings=Settings(), bus=bus, state_dir=jobs, options=OPTS) as m:
-                yield m, events
-        finally:
-            await asyncio.sleep(0)
-            task.cancel()
+def manager(tmp_path: Path) -> contextlib.AbstractAsyncContextManager[tuple[DownloadManager, list[Event]]]:
+    """test_download's manager (its events recorded), with this file's small chunks."""
+    return recorded_manager(tmp_path, options=OPTS)
 
 
 def landed() -> bytes:
