@@ -6,9 +6,12 @@ One real `switchyard serve` with the generated medium model; per round, in an or
 of `--requests` requests sent one after another: **direct** (streamed chats of `--tokens` letters, a
 grammar forcing them, to the engine's own port: serve only idles, which is its background rate),
 **openai** (the same through `/v1/chat/completions`, the byte relay), **anthropic** (the same through
-`/v1/messages`, the translated relay), and two layers under a request for scale: **health** (`GET
+`/v1/messages`, the translated relay), two layers under a request for scale: **health** (`GET
 /health`: the HTTP server and the middlewares) and **refused** (a chat without messages, a 400: those
-plus the body's read, parse and checks and an error answer). The figure per round is serve's CPU over the
+plus the body's read, parse and checks and an error answer), and **bare** (the same streamed chat through
+gateway_floor.py's bare uvloop relay in front of the engine, in its own process: what a relay that parses
+nothing costs per request; the figure is that process's CPU, and it pays an accept per request, since it
+ends a client connection with the engine's). The figure per round is serve's CPU over the
 wave minus its background rate over the same wall time, per request, and the same for its event loop
 thread alone (the rest is worker threads: the speed store's SQLite, the bank's hashing); the summary is
 the median and the spread over the rounds. It is CPU time, not wall time, so a loaded machine moves it
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import gateway_floor as gf
 import gateway_overhead as go
 import gw_peers
 import gw_surfaces as sf
@@ -98,10 +102,19 @@ async def plain(http: aiohttp.ClientSession, url: str, name: str) -> None:
             raise RuntimeError(f"{name}: HTTP {r.status}, not {status}")
 
 
-async def wave(http: aiohttp.ClientSession, route: go.Route | str, n: int, server: go.Server) -> Wave:
-    """Serve's CPU and the wall time over `n` requests one after another; raises on the first failure."""
+async def wave(
+    http: aiohttp.ClientSession,
+    route: go.Route | str,
+    n: int,
+    server: go.Server,
+    *,
+    bare: gf.BareRelay | None,
+) -> Wave:
+    """Serve's CPU (the bare relay's, for its side) and the wall time over `n` requests one after another;
+    raises on the first failure."""
     pid = server.proc.pid
     cpu0, loop0, t0 = server.cpu_s(), loop_cpu_s(pid), time.perf_counter()
+    bare0 = bare.cpu_s() if bare is not None else 0.0
     for _ in range(n):
         if isinstance(route, str):
             await plain(http, server.url, route)
@@ -109,12 +122,15 @@ async def wave(http: aiohttp.ClientSession, route: go.Route | str, n: int, serve
         got = await go.attempt(http, route)
         if isinstance(got, str):
             raise RuntimeError(f"{route.name}: {got}")
+    if bare is not None:  # nothing else runs in its process: no background to take off
+        used = bare.cpu_s() - bare0
+        return Wave(used, used, time.perf_counter() - t0)
     return Wave(server.cpu_s() - cpu0, loop_cpu_s(pid) - loop0, time.perf_counter() - t0)
 
 
 async def bench(args: argparse.Namespace, server: go.Server) -> dict[str, list[tuple[float, float]]]:
     timeout = aiohttp.ClientTimeout(total=600)
-    names = [n for n in ("openai", "anthropic", *LAYERS) if not args.sides or n in args.sides]
+    names = [n for n in ("openai", "anthropic", *LAYERS, "bare") if not args.sides or n in args.sides]
     per_request: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     async with (
         aiohttp.ClientSession(timeout=timeout) as admin,
@@ -122,36 +138,61 @@ async def bench(args: argparse.Namespace, server: go.Server) -> dict[str, list[t
         aiohttp.ClientSession(timeout=timeout) as g,  # a client keeps its connection, as SDKs do
     ):
         engine = await go.load_model(admin, server, args.model)
+        relay = gf.BareRelay(engine) if "bare" in names else None
         sides: list[go.Route | str] = [
             *routes(args.model, engine=engine, gateway=server.url, tokens=args.tokens),
             *LAYERS,
         ]
+        if relay is not None:
+            body = json.dumps(sf.openai_body(args.model, PROMPT, args.tokens, grammar=True)).encode()
+            sides.append(go.Route("bare", relay.url + sf.ROUTES["openai"], body, "openai", "bare"))
         if args.sides:  # the direct side stays: it is every round's background rate
             sides = [s for s in sides if (s if isinstance(s, str) else s.name) in {"direct", *args.sides}]
-        for rnd in range(args.rounds + 1):  # round 0 warms up
-            k = rnd % len(sides)
-            got: dict[str, Wave] = {}
-            for route in sides[k:] + sides[:k]:
-                name = route if isinstance(route, str) else route.name
-                got[name] = await wave(d if name == "direct" else g, route, args.requests, server)
-            if rnd == 0:
-                if args.cprofile is not None:
-                    os.kill(server.proc.pid, signal.SIGUSR1)
-                continue
-            base = got["direct"]
-            line = [f"round {rnd}: load {os.getloadavg()[0]:4.1f}"]
-            for name in per_request:
-                w = got[name]
-                us = 1e6 * (w.cpu_s - base.cpu_s / base.wall_s * w.wall_s) / args.requests
-                loop_us = 1e6 * (w.loop_s - base.loop_s / base.wall_s * w.wall_s) / args.requests
-                per_request[name].append((us, loop_us))
-                wall_ms = 1000 * w.wall_s / args.requests
-                line.append(f"{name} {us:5.0f} us (loop {loop_us:5.0f}, {wall_ms:5.1f} ms wall)")
-            print(" | ".join(line), flush=True)
-        if args.cprofile is not None:
-            os.kill(server.proc.pid, signal.SIGUSR2)
-            await asyncio.sleep(1)
+        try:
+            await _rounds(args, server, sides, per_request, sessions=(d, g), relay=relay)
+        finally:
+            if relay is not None:
+                relay.stop()
     return per_request
+
+
+async def _rounds(
+    args: argparse.Namespace,
+    server: go.Server,
+    sides: list[go.Route | str],
+    per_request: dict[str, list[tuple[float, float]]],
+    *,
+    sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession],
+    relay: gf.BareRelay | None,
+) -> None:
+    d, g = sessions
+    for rnd in range(args.rounds + 1):  # round 0 warms up
+        k = rnd % len(sides)
+        got: dict[str, Wave] = {}
+        for route in sides[k:] + sides[:k]:
+            name = route if isinstance(route, str) else route.name
+            # the bare relay ends each client connection with the engine's: a fresh one each time
+            http = d if name in ("direct", "bare") else g
+            meter = relay if name == "bare" else None
+            got[name] = await wave(http, route, args.requests, server, bare=meter)
+        if rnd == 0:
+            if args.cprofile is not None:
+                os.kill(server.proc.pid, signal.SIGUSR1)
+            continue
+        base = got["direct"]
+        line = [f"round {rnd}: load {os.getloadavg()[0]:4.1f}"]
+        for name in per_request:
+            w = got[name]
+            idle, idle_loop = (0.0, 0.0) if name == "bare" else (base.cpu_s, base.loop_s)
+            us = 1e6 * (w.cpu_s - idle / base.wall_s * w.wall_s) / args.requests
+            loop_us = 1e6 * (w.loop_s - idle_loop / base.wall_s * w.wall_s) / args.requests
+            per_request[name].append((us, loop_us))
+            wall_ms = 1000 * w.wall_s / args.requests
+            line.append(f"{name} {us:5.0f} us (loop {loop_us:5.0f}, {wall_ms:5.1f} ms wall)")
+        print(" | ".join(line), flush=True)
+    if args.cprofile is not None:
+        os.kill(server.proc.pid, signal.SIGUSR2)
+        await asyncio.sleep(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sides",
         type=lambda v: [x for x in v.split(",") if x],
         default=[],
-        help="only these sides besides direct (openai,anthropic,health,refused; default all)",
+        help="only these sides besides direct (openai,anthropic,health,refused,bare; default all)",
     )
     ap.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks of serve to this file")
     ap.add_argument("--cprofile", type=Path, help="run serve under cProfile, its stats written to this file")
