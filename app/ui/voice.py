@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import importlib
 import json
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 RATE = 24000  # what the Realtime API takes
 CHUNK_S = 0.1
+STOP_GRACE_S = 1.0  # how long a stopped source may take to hand over what it had captured
 READ_TIP = "Read the last reply aloud; each reply also has its own Read aloud link"
 SHORTCUT = Qt.Key.Key_F9  # held down in the chat window: talk
 
@@ -98,29 +100,51 @@ class MicSource:
     """The default input device, in 100 ms blocks."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # PortAudio's thread appends, the loop takes: the blocks themselves never go through the loop's
+        # call queue, so stop() cannot overtake a block captured just before it (under qasync a call from
+        # the GUI thread runs ahead of those posted by another thread)
+        self._captured: collections.deque[bytes] = collections.deque()
+        self._more = asyncio.Event()
         self._stream: Any = None
+        self._stopped = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        if self._stopped:  # stopped before recording began: the device is never opened
+            return
         loop = asyncio.get_running_loop()
         sd = _sd()
 
         def captured(data: Any, _frames: int, _time: Any, _status: Any) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, bytes(data))
+            self._captured.append(bytes(data))
+            loop.call_soon_threadsafe(self._more.set)
 
         self._stream = sd.RawInputStream(
             samplerate=RATE, channels=1, dtype="int16", blocksize=int(RATE * CHUNK_S), callback=captured
         )
-        self._stream.start()
-        while (block := await self._queue.get()) is not None:
-            yield block
+        try:
+            self._stream.start()
+            while True:
+                over = self._stopped  # read first: once stopped, every block is already captured
+                while self._captured:
+                    yield self._captured.popleft()
+                if over:
+                    return
+                self._more.clear()
+                if not self._captured and not self._stopped:
+                    await self._more.wait()
+        finally:  # ended, stopped or cancelled: the device is closed either way
+            self._close()
 
     def stop(self) -> None:
+        self._close()
+        self._stopped = True
+        self._more.set()
+
+    def _close(self) -> None:
         if self._stream is not None:
-            self._stream.stop()
-            self._stream.close()
-            self._stream = None
-        self._queue.put_nowait(None)
+            stream, self._stream = self._stream, None
+            stream.stop()  # returns once the callback is over: no block comes after it
+            stream.close()
 
 
 class WavSource:
@@ -167,6 +191,53 @@ class SpeakerSink:
             self._stream = None
 
 
+class Recording:
+    """`source` recorded into memory from the moment this is made (the press) until `released` is set, so
+    what is said while the connection to the server opens is kept and sent once it is open. (A talk used
+    to open the microphone only once connected: a slow connection lost the start of the speech, or all of
+    it.) At the release the source is stopped; the blocks it had captured by then still come, then the end.
+    A source that does not end within STOP_GRACE_S of being stopped is cut off there."""
+
+    def __init__(self, source: AudioSource, *, released: asyncio.Event) -> None:
+        self.source = source
+        self.released = released
+        self._blocks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._task = asyncio.ensure_future(self._record())
+
+    async def _record(self) -> None:
+        stopper = asyncio.ensure_future(self._stop_at_release())
+        try:
+            async for block in self.source.chunks():
+                self._blocks.put_nowait(block)
+        finally:
+            stopper.cancel()
+            self._blocks.put_nowait(None)
+
+    async def _stop_at_release(self) -> None:
+        await self.released.wait()
+        self.source.stop()
+        await asyncio.sleep(STOP_GRACE_S)
+        self._task.cancel()
+
+    async def next_block(self) -> bytes | None:
+        """The next block recorded, waiting for it; None once the recording is over (the release, or the
+        source ran out). A source that failed raises its error here."""
+        block = await self._blocks.get()
+        if block is None:
+            self._blocks.put_nowait(None)  # asked again, the answer stays: over
+            failed = self._task.exception() if self._task.done() and not self._task.cancelled() else None
+            if failed is not None:
+                raise failed
+        return block
+
+    async def close(self) -> None:
+        """The source stopped and the recording over (cancelled where it does not end by itself)."""
+        self.source.stop()
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
 def sentences(text: str) -> list[str]:
     """The reply in pieces Piper can say one after another (so playback starts with the first)."""
     plain = re.sub(r"```.*?```", " ", text, flags=re.S)  # code is not read out
@@ -178,17 +249,21 @@ async def transcribe_live(
     access: Access,
     *,
     model: str,
-    source: AudioSource,
+    source: AudioSource | Recording,
     released: asyncio.Event,
     on_text: Callable[[str], None],
 ) -> str:
     """Stream `source` to the server's live transcription until `released` is set; the whole transcript.
     `on_text` gets the text so far each time a delta or a segment arrives.
 
-    At the release the speech still going on is committed, then the buffer is cleared: the server answers
-    events in order, so every item committed before `input_audio_buffer.cleared` arrives is one of ours,
-    whether server VAD cut it (possibly just after the release) or the final commit did, and the call
-    returns once each of those items has its transcript. None is dropped."""
+    The source is recorded from the call on (a `Recording` given is used as it is: the window starts
+    one at the press), and every block recorded before the release is sent, however long the connection
+    took to open; server VAD counts audio, not time, so a backlog sent at once is cut the same way. At the
+    release the speech still going on is committed, then the buffer is cleared: the server answers events
+    in order, so every item committed before `input_audio_buffer.cleared` arrives is one of ours, whether
+    server VAD cut it (possibly just after the release) or the final commit did, and the call returns
+    once each of those items has its transcript. None is dropped."""
+    recording = source if isinstance(source, Recording) else Recording(source, released=released)
     done: dict[str, str] = {}  # item id -> its transcript, in the order the items were committed
     partial: dict[str, str] = {}
     pending: set[str] = set()  # committed, transcript not yet here
@@ -198,64 +273,64 @@ async def transcribe_live(
     def text_so_far() -> str:
         return " ".join([*(t for t in done.values() if t), *partial.values()]).strip()
 
-    async with (
-        access.session() as http,
-        http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
-    ):
-        turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
-        session = {"input_audio_transcription": {"model": model}, "turn_detection": turns}
-        await ws.send_json({"type": "transcription_session.update", "session": session})
+    def take(event: dict[str, Any]) -> None:
+        kind, item = event.get("type", ""), event.get("item_id", "")
+        if kind == "input_audio_buffer.committed":
+            pending.add(item)
+            done.setdefault(item, "")
+        elif kind == "input_audio_buffer.cleared":
+            closed.set()
+        elif kind.endswith("input_audio_transcription.delta"):
+            partial[item] = partial.get(item, "") + event.get("delta", "")
+        elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
+            partial.pop(item, None)
+            pending.discard(item)
+            done[item] = event.get("transcript", "").strip()
+        elif kind == "error":
+            # an empty final commit: released outside speech, every segment was committed already
+            if event["error"].get("code") != "input_audio_buffer_commit_empty":
+                raise RuntimeError(event["error"]["message"])
+        on_text(text_so_far())
 
-        def take(event: dict[str, Any]) -> None:
-            kind, item = event.get("type", ""), event.get("item_id", "")
-            if kind == "input_audio_buffer.committed":
-                pending.add(item)
-                done.setdefault(item, "")
-            elif kind == "input_audio_buffer.cleared":
-                closed.set()
-            elif kind.endswith("input_audio_transcription.delta"):
-                partial[item] = partial.get(item, "") + event.get("delta", "")
-            elif kind.endswith(("input_audio_transcription.completed", "input_audio_transcription.failed")):
-                partial.pop(item, None)
-                pending.discard(item)
-                done[item] = event.get("transcript", "").strip()
-            elif kind == "error":
-                # an empty final commit: released outside speech, every segment was committed already
-                if event["error"].get("code") != "input_audio_buffer_commit_empty":
-                    raise RuntimeError(event["error"]["message"])
-            on_text(text_so_far())
+    try:
+        async with (
+            access.session() as http,
+            http.ws_connect(f"{ws_url}/v1/realtime?intent=transcription") as ws,
+        ):
+            turns = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
+            session = {"input_audio_transcription": {"model": model}, "turn_detection": turns}
+            await ws.send_json({"type": "transcription_session.update", "session": session})
 
-        async def receive() -> None:
-            async for msg in ws:
-                if msg.type is not aiohttp.WSMsgType.TEXT:
-                    break
-                take(json.loads(msg.data))
-                if closed.is_set() and not pending:
-                    return
-            raise RuntimeError("the server closed the live transcription before it finished")
+            async def receive() -> None:
+                async for msg in ws:
+                    if msg.type is not aiohttp.WSMsgType.TEXT:
+                        break
+                    take(json.loads(msg.data))
+                    if closed.is_set() and not pending:
+                        return
+                raise RuntimeError("the server closed the live transcription before it finished")
 
-        reader = asyncio.ensure_future(receive())
-        try:
-            async for block in source.chunks():
-                audio = base64.b64encode(block).decode()
-                await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
-                if released.is_set() or reader.done():
-                    break
-            waiter = asyncio.ensure_future(released.wait())  # a recording that ended early waits for it
+            reader = asyncio.ensure_future(receive())
             try:
-                await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
+                # what was recorded while connecting, then the rest as it comes, to the recording's end
+                while not reader.done() and (block := await recording.next_block()) is not None:
+                    audio = base64.b64encode(block).decode()
+                    await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+                waiter = asyncio.ensure_future(released.wait())  # a recording that ended early waits for it
+                try:
+                    await asyncio.wait([reader, waiter], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                if not reader.done():
+                    await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
+                    await ws.send_json({"type": "input_audio_buffer.clear"})  # answered after the commit
+                await asyncio.wait_for(reader, 60)
             finally:
-                waiter.cancel()
-            source.stop()
-            if not reader.done():
-                await ws.send_json({"type": "input_audio_buffer.commit"})  # the speech still going on
-                await ws.send_json({"type": "input_audio_buffer.clear"})  # answered after the commit
-            await asyncio.wait_for(reader, 60)
-        finally:
-            source.stop()
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+    finally:
+        await recording.close()
     return " ".join(t for t in done.values() if t).strip()
 
 
@@ -444,13 +519,17 @@ class VoiceBar(QWidget):
     async def _talk(self) -> None:
         model = self._model_of("transcription")
         assert model is not None
-        text = await transcribe_live(
-            await window_access(self.desk),
-            model=model,
-            source=self.source_factory(),
-            released=self.released,
-            on_text=lambda t: self.live.setText(t or "Listening…"),
-        )
+        recording = Recording(self.source_factory(), released=self.released)  # from the press on
+        try:
+            text = await transcribe_live(
+                await window_access(self.desk),  # may take a while (a new key): the recording goes on
+                model=model,
+                source=recording,
+                released=self.released,
+                on_text=lambda t: self.live.setText(t or "Listening…"),
+            )
+        finally:
+            await recording.close()
         self.live.setText("")
         if text:
             self.page.send(text)

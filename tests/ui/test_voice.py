@@ -53,10 +53,13 @@ class Sink:
         self.stopped += 1
 
 
-async def until(check: Any, *, limit: float = 60) -> None:
+async def until(check: Any, *, limit: float = 60, state: Any = None) -> None:
+    """Wait for `check()`; a timeout says `state()` too (what the window showed), so a hang and a talk that
+    ended with an error read differently."""
     deadline = asyncio.get_running_loop().time() + limit
     while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        if asyncio.get_running_loop().time() >= deadline:
+            raise AssertionError(f"timed out {state() if state is not None else ''}")
         await asyncio.sleep(0.05)
 
 
@@ -118,9 +121,12 @@ def test_hold_to_talk_and_read_aloud(
             bar.source_factory = lambda: WavSource(rec)
             key(page.input, QEvent.Type.KeyPress)  # F9 held in the message box
             assert bar.talk_task is not None and bar.missing.text() == ""
-            await until(lambda: "hello" in bar.live.text().lower())  # the live transcript, before release
+            shown = lambda: (  # noqa: E731
+                f"live={bar.live.text()!r} status={page.status.text()!r} talking={bar.talk_task is not None}"
+            )
+            await until(lambda: "hello" in bar.live.text().lower(), state=shown)  # before the release
             key(page.input, QEvent.Type.KeyRelease)
-            await until(lambda: bar.talk_task is None)
+            await until(lambda: bar.talk_task is None, state=shown)
             users = [m.content for m in page.store.messages(page.current) if m.role == "user"]
             assert len(users) == 1 and "hello" in users[0].lower(), users
             await desk.tasks.settle()
