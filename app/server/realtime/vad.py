@@ -151,7 +151,12 @@ class Segmenter:
         if self._speech is None:
             keep = max(0, cfg.prefix_ms // FRAME_MS)
             if p >= cfg.threshold:
-                self._speech = [*(self._prefix[len(self._prefix) - keep :] if keep else []), frame]
+                lead = self._prefix[len(self._prefix) - keep :] if keep else []
+                if len(lead) < keep:
+                    # the speech began in the stream's first frames: the rest of the lead-in is silence, as
+                    # before any other segment (given none, whisper can mishear the first word)
+                    lead = [np.zeros(FRAME * (keep - len(lead)), dtype=frame.dtype), *lead]
+                self._speech = [*lead, frame]
                 self._prefix = []
                 self._silence_from = None
                 return SpeechStarted(start_ms=index * FRAME_MS)
